@@ -1,0 +1,32 @@
+"""memengine: an actor-based memory engine for LLM agents.
+
+Each session is an actor that owns a window of recent episodes and a rolling
+summary of what left the window, backed by a durable, event-sourced store.
+"""
+
+from .config import SessionConfig
+from .context import Context
+from .engine import Engine, open_engine
+from .episode import Episode
+from .errors import EngineClosedError, MemEngineError, SessionClosedError, StoreError, SummaryError
+from .session.handle import Session
+from .summarizer.extractive import ExtractiveSummarizer
+from .summarizer.openai import OpenAISummarizer
+from .summarizer.protocol import Summarizer
+
+__all__ = [
+    "Context",
+    "Engine",
+    "EngineClosedError",
+    "Episode",
+    "ExtractiveSummarizer",
+    "MemEngineError",
+    "OpenAISummarizer",
+    "Session",
+    "SessionClosedError",
+    "SessionConfig",
+    "StoreError",
+    "Summarizer",
+    "SummaryError",
+    "open_engine",
+]

@@ -1,0 +1,1 @@
+"""Plumbing shared by every actor: its mailbox and one-shot reply slots."""

@@ -1,0 +1,5 @@
+"""``python -m memengine.cli``: the same as the ``memengine`` console script."""
+
+from . import main
+
+raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""``memengine inspect``: show what a memengine SQLite file holds, without running an engine.
+
+Without a session id, lists every session; with one, shows that session's
+latest summary and the raw episodes after it. Reads through the store only
+(``load_session``, ``list_sessions``): no session is activated and no summary
+is computed, so looking never changes what is stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import anyio
+import attrs
+
+from ..store.base import SessionRow, SessionSnapshot
+from ..store.sqlite import open_sqlite_store
+from .arguments import positive_int
+from .failures import EXPECTED_FAILURES, first_failure
+from .render import episode_lines, indented, one_line, summary_lines
+from .store_file import store_file_problem
+
+DESCRIPTION = (
+    "Show what a memengine SQLite file holds. Without SESSION, list every session; with SESSION, show its "
+    "summary and the raw episodes after it. Never changes what is stored: no session is activated, no summary computed."
+)
+
+
+@attrs.frozen
+class Findings:
+    """What inspect read from the store, in one pass."""
+
+    sessions: list[SessionRow]
+    snapshot: SessionSnapshot | None
+
+
+def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subcommands.add_parser(
+        "inspect", help="list the sessions of a store, or show one session", description=DESCRIPTION
+    )
+    parser.add_argument("db", type=Path, metavar="DB", help="a memengine SQLite file (never created by inspect)")
+    parser.add_argument("session", nargs="?", metavar="SESSION", help="the id of the session to show")
+    parser.add_argument(
+        "--limit",
+        type=positive_int,
+        metavar="N",
+        help="show at most N sessions (the first, by id) or N episodes (the latest); default: all",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    """Read the store and print the session list or one session; 2 if DB is unusable, 1 if SESSION is unknown."""
+    db: Path = options.db
+    problem = store_file_problem(db)
+    if problem is not None:
+        print(f"memengine inspect: cannot read {db}: {problem}", file=sys.stderr)
+        return 2
+    failure: BaseException | None = None
+    findings: Findings | None = None
+    try:
+        findings = anyio.run(read_store, db, options.session)
+    except* EXPECTED_FAILURES as group:
+        failure = first_failure(group)
+    if failure is not None or findings is None:
+        print(f"memengine inspect: could not read {db}: {failure}", file=sys.stderr)
+        return 1
+    if options.session is None:
+        _print_sessions(db, findings.sessions, options.limit)
+        return 0
+    row = next((row for row in findings.sessions if row.session_id == options.session), None)
+    if row is None or findings.snapshot is None:
+        print(f"memengine inspect: session {options.session!r} has no stored episodes in {db}", file=sys.stderr)
+        return 1
+    _print_session(db, row, findings.snapshot, options.limit)
+    return 0
+
+
+async def read_store(db: Path, session_id: str | None) -> Findings:
+    """The session list and, if ``session_id`` is given, that session's snapshot."""
+    async with open_sqlite_store(db) as store:
+        sessions = await store.list_sessions()
+        snapshot = await store.load_session(session_id) if session_id is not None else None
+    return Findings(sessions, snapshot)
+
+
+def _print_sessions(db: Path, sessions: list[SessionRow], limit: int | None) -> None:
+    count = f"{len(sessions)} session{'s' if len(sessions) != 1 else ''}"
+    shown = sessions[:limit]
+    more = f", showing the first {len(shown)}" if len(shown) < len(sessions) else ""
+    print(f"{db}: {count}{more}")
+    if not shown:
+        return
+    header = ("SESSION", "GENERATION", "EPISODES", "SUMMARIZED_THROUGH", "LAST_SEQ")
+    rows = [
+        (one_line(repr(row.session_id)[1:-1], 40), row.generation, row.episodes, row.summarized_through, row.last_seq)
+        for row in shown
+    ]
+    id_width = max(len(header[0]), *(len(row[0]) for row in rows))
+    widths = [id_width, *(len(title) for title in header[1:])]
+    print("  ".join(f"{title:<{width}}" for title, width in zip(header, widths, strict=True)).rstrip())
+    for row in rows:
+        cells = [
+            f"{row[0]:<{widths[0]}}",
+            *(f"{value:>{width}}" for value, width in zip(row[1:], widths[1:], strict=True)),
+        ]
+        print("  ".join(cells))
+
+
+def _print_session(db: Path, row: SessionRow, snapshot: SessionSnapshot, limit: int | None) -> None:
+    print(f"session {row.session_id!r} in {db}")
+    print(f"  generation {row.generation}, {row.episodes} stored episodes, last seq {row.last_seq}")
+    print(f"summary (covers seqs up to {snapshot.summarized_through}):")
+    print("\n".join(indented(summary_lines(snapshot.summary))))
+    episodes = snapshot.episodes
+    shown = episodes[-limit:] if limit is not None else episodes
+    more = f", showing the latest {len(shown)}" if len(shown) < len(episodes) else ""
+    print(f"raw episodes after the summary ({len(episodes)}{more}):")
+    print("\n".join(indented(episode_lines(shown))))

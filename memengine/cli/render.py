@@ -1,0 +1,62 @@
+"""Plain-text rendering of sessions, summaries and episodes for the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..context import Context
+from ..episode import Episode
+
+LINE_WIDTH = 100
+INDENT = "    "
+
+
+def one_line(text: str, width: int = LINE_WIDTH) -> str:
+    """``text`` with its whitespace collapsed, clipped to ``width`` characters."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    return flat[: width - 1].rstrip() + "…"
+
+
+def indented(lines: Iterable[str], indent: str = INDENT) -> list[str]:
+    return [indent + line for line in lines]
+
+
+def summary_lines(summary: str | None, *, max_lines: int | None = None, width: int = LINE_WIDTH) -> list[str]:
+    """The summary's lines, each clipped to one terminal line; at most ``max_lines`` of them."""
+    if not summary:
+        return ["(no summary yet)"]
+    lines = [one_line(line, width) for line in summary.splitlines() if line.strip()]
+    if max_lines is not None and len(lines) > max_lines:
+        hidden = len(lines) - max_lines
+        lines = [*lines[:max_lines], f"… ({hidden} more line{'s' if hidden != 1 else ''})"]
+    return lines
+
+
+def episode_lines(episodes: Sequence[Episode], width: int = LINE_WIDTH) -> list[str]:
+    """One line per episode: its seq, its role and the start of its content."""
+    if not episodes:
+        return ["(no raw episodes)"]
+    seq_width = max(len(str(episode.seq)) for episode in episodes)
+    role_width = max(len(one_line(episode.role, 12)) for episode in episodes)
+    return [
+        f"#{episode.seq:<{seq_width}}  {one_line(episode.role, 12):<{role_width}}  {one_line(episode.content, width)}"
+        for episode in episodes
+    ]
+
+
+def awaiting_summary(context: Context) -> int:
+    """How many of the context's raw episodes have left the window and wait for their summary."""
+    return sum(1 for episode in context.episodes if (episode.seq or 0) <= context.evicted_through)
+
+
+def context_lines(context: Context) -> list[str]:
+    """A context as an agent would receive it: the summary, then the raw episodes after it."""
+    pending = awaiting_summary(context)
+    return [
+        f"summary (covers seqs up to {context.summarized_through}):",
+        *indented(summary_lines(context.summary)),
+        f"raw episodes after the summary ({len(context.episodes)}, of which {pending} wait for a summary):",
+        *indented(episode_lines(context.episodes)),
+    ]

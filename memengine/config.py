@@ -1,0 +1,51 @@
+"""Per-session settings, validated when constructed."""
+
+from __future__ import annotations
+
+import attrs
+
+
+def _positive_int(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"SessionConfig.{attribute.name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"SessionConfig.{attribute.name} must be at least 1, got {value}")
+
+
+def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"SessionConfig.{attribute.name} must be a number of seconds, not {type(value).__name__}")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"SessionConfig.{attribute.name} must be a positive, finite number of seconds, got {value}")
+
+
+def _optional_seconds(instance: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+    if value is not None:
+        _positive_seconds(instance, attribute, value)
+
+
+@attrs.frozen(kw_only=True)
+class SessionConfig:
+    """How every session of an engine behaves.
+
+    ``max_episodes`` and ``max_chars`` bound the raw window: when either is
+    exceeded, the oldest episodes are handed to the session's summarizer.
+    ``retain_every`` is the batch size of the hand-off to long-term memory.
+    ``passivate_after`` is how long (seconds) an idle session stays in memory;
+    ``None`` keeps it until the engine closes. The ``summarize_*`` settings
+    control retries of the summarizer: ``summarize_attempts`` tries with
+    exponential backoff (starting at ``summarize_backoff``, capped at
+    ``summarize_backoff_max``, with jitter), then the batch stays pending and is
+    tried again ``summarize_retry_later`` seconds later. ``summarize_batch_max``
+    caps how many episodes go into one summarizer call.
+    """
+
+    max_episodes: int = attrs.field(default=20, validator=_positive_int)
+    max_chars: int = attrs.field(default=8000, validator=_positive_int)
+    retain_every: int = attrs.field(default=20, validator=_positive_int)
+    passivate_after: float | None = attrs.field(default=300.0, validator=_optional_seconds)
+    summarize_attempts: int = attrs.field(default=4, validator=_positive_int)
+    summarize_backoff: float = attrs.field(default=0.5, validator=_positive_seconds)
+    summarize_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)
+    summarize_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
+    summarize_batch_max: int = attrs.field(default=200, validator=_positive_int)

@@ -1,0 +1,164 @@
+"""The engine: owns the store, the task group, and the session activations."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .config import SessionConfig
+from .errors import EngineClosedError
+from .session.actor import SessionActor, SessionServices
+from .session.handle import Session
+from .session.messages import ClientMessage
+from .store.base import Store
+from .store.sqlite import open_sqlite_store
+from .summarizer.extractive import ExtractiveSummarizer
+from .summarizer.protocol import Summarizer
+
+log = logging.getLogger("memengine")
+
+MAX_SESSION_ID_CHARS = 1024
+
+
+class Engine:
+    """A running memory engine. Get one from :func:`open_engine`.
+
+    Sessions are virtual actors: one is activated (its state recovered from the
+    store) by the first message sent to it, and passivated after it has been
+    idle for ``SessionConfig.passivate_after`` seconds or closed.
+    """
+
+    def __init__(self, services: SessionServices, tasks: anyio.abc.TaskGroup) -> None:
+        self._services = services
+        self._tasks = tasks
+        self._actors: dict[str, SessionActor] = {}
+        self._closed = False
+
+    @property
+    def config(self) -> SessionConfig:
+        return self._services.config
+
+    @property
+    def store(self) -> Store:
+        return self._services.store
+
+    @property
+    def active_sessions(self) -> int:
+        """How many sessions are activated (in memory) right now."""
+        return len(self._actors)
+
+    def is_active(self, session_id: str) -> bool:
+        return session_id in self._actors
+
+    def session(self, session_id: str) -> Session:
+        """A handle on the session ``session_id``. Does no I/O.
+
+        Raises ``ValueError`` for an empty id and ``TypeError`` for a non-string.
+        """
+        if not isinstance(session_id, str):
+            raise TypeError(f"a session id is a str, not {type(session_id).__name__}")
+        if not session_id.strip():
+            raise ValueError("a session id must be a non-empty string")
+        if len(session_id) > MAX_SESSION_ID_CHARS:
+            raise ValueError(f"a session id is at most {MAX_SESSION_ID_CHARS} characters, got {len(session_id)}")
+        try:
+            session_id.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"a session id must be valid Unicode text: {exc.reason}") from None
+        return Session(self, session_id)
+
+    def _deliver(self, session_id: str, message: ClientMessage) -> None:
+        """Put a message in the session's mailbox, activating the session if needed."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        actor = self._actors.get(session_id) or self._activate(session_id)
+        actor.mailbox.put(message)
+
+    def _activate(self, session_id: str) -> SessionActor:
+        actor = SessionActor(session_id, self._services, self._forget)
+        self._actors[session_id] = actor
+        self._tasks.start_soon(self._run_actor, actor, name=f"memengine session {session_id!r}")
+        return actor
+
+    def _forget(self, actor: SessionActor) -> None:
+        if self._actors.get(actor.session_id) is actor:
+            del self._actors[actor.session_id]
+
+    async def _run_actor(self, actor: SessionActor) -> None:
+        try:
+            await actor.run()
+        except Exception:
+            # A bug in one session must not take the engine (and every other session) down.
+            log.exception("session %r stopped with an error", actor.session_id)
+
+    async def _resume_pending_summaries(self) -> None:
+        """Activate sessions left with evicted, unsummarized episodes (by a crash or shutdown)."""
+        config = self._services.config
+        try:
+            pending = await self._services.store.sessions_needing_summary(config.max_episodes, config.max_chars)
+        except Exception:
+            log.exception("could not look for sessions with pending summaries")
+            return
+        for session_id in pending:
+            if not self._closed and session_id not in self._actors:
+                self._activate(session_id)
+
+    def _close(self) -> None:
+        self._closed = True
+        self._tasks.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_engine(
+    path: str | os.PathLike[str] = "memengine.db",
+    *,
+    summarizer: Summarizer | None = None,
+    retain_sink: Any = None,
+    config: SessionConfig | None = None,
+    max_concurrent_summaries: int = 16,
+    resume_pending_summaries: bool = True,
+) -> AsyncIterator[Engine]:
+    """Open the store at ``path`` and run an engine for the block's duration.
+
+    ``path`` is a SQLite file (created if missing) or ``":memory:"``.
+    ``summarizer`` defaults to the offline :class:`ExtractiveSummarizer`.
+    ``max_concurrent_summaries`` caps summarizer calls in flight across all
+    sessions. With ``resume_pending_summaries`` (default), sessions left with
+    unsummarized evicted episodes by an earlier run are summarized now.
+
+    Leaving the block stops every session actor and summarizer: an operation
+    already committed stays committed, a summary not yet stored is computed
+    again on the next start, and callers still waiting get
+    :class:`EngineClosedError`.
+    """
+    if retain_sink is not None:
+        raise NotImplementedError("retain sinks (hand-off to long-term memory) are not available in this version")
+    if config is None:
+        config = SessionConfig()
+    elif not isinstance(config, SessionConfig):
+        raise TypeError(f"config must be a SessionConfig, not {type(config).__name__}")
+    if summarizer is None:
+        summarizer = ExtractiveSummarizer()
+    elif not callable(getattr(summarizer, "summarize", None)):
+        raise TypeError("summarizer must have an async summarize(previous, episodes) method")
+    if isinstance(max_concurrent_summaries, bool) or not isinstance(max_concurrent_summaries, int):
+        raise TypeError("max_concurrent_summaries must be an int")
+    if max_concurrent_summaries < 1:
+        raise ValueError("max_concurrent_summaries must be at least 1")
+
+    async with open_sqlite_store(path) as store:
+        services = SessionServices(store, summarizer, config, anyio.CapacityLimiter(max_concurrent_summaries))
+        async with anyio.create_task_group() as tasks:
+            engine = Engine(services, tasks)
+            if resume_pending_summaries:
+                tasks.start_soon(engine._resume_pending_summaries)
+            try:
+                yield engine
+            finally:
+                engine._close()

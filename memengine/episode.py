@@ -1,0 +1,87 @@
+"""Episodes: one turn of conversation, the unit the engine stores."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import attrs
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _check_text(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"Episode.{attribute.name} must be a str, not {type(value).__name__}")
+    if not value.strip():
+        raise ValueError(f"Episode.{attribute.name} must be a non-empty string")
+    _check_encodable(attribute.name, value)
+
+
+def _check_encodable(name: str, value: str) -> None:
+    # A lone surrogate cannot be stored as UTF-8: reject it here, with a clear
+    # message, rather than deep in the store after other episodes were written.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"Episode.{name} is not valid Unicode text: {exc.reason}") from None
+
+
+def _check_created_at(instance: Episode, attribute: attrs.Attribute[datetime], value: object) -> None:
+    if not isinstance(value, datetime):
+        raise TypeError(f"Episode.created_at must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("Episode.created_at must be timezone-aware (use datetime.now(timezone.utc))")
+
+
+def _check_metadata(instance: Episode, attribute: attrs.Attribute[dict[str, Any]], value: dict[str, Any]) -> None:
+    for key in value:
+        if not isinstance(key, str):
+            raise TypeError(f"Episode.metadata keys must be str, not {type(key).__name__}")
+    try:
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"Episode.metadata must be JSON-serializable: {exc}") from None
+    _check_encodable("metadata", encoded)
+
+
+def _copy_metadata(value: object) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"Episode.metadata must be a mapping, not {type(value).__name__}")
+    return dict(value)
+
+
+def _check_seq(instance: Episode, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Episode.seq must be a positive int or None, not {value!r}")
+
+
+@attrs.frozen
+class Episode:
+    """One turn of conversation.
+
+    ``role`` and ``content`` must be non-empty strings. ``id`` identifies the
+    episode within its session: adding an episode whose id the session already
+    holds stores nothing new. ``seq`` is ``None`` until the episode is stored;
+    stored episodes carry their position in the session (1, 2, 3, ...).
+    """
+
+    role: str = attrs.field(validator=_check_text)
+    content: str = attrs.field(validator=_check_text)
+    id: str = attrs.field(kw_only=True, factory=_new_id, validator=_check_text)
+    created_at: datetime = attrs.field(kw_only=True, factory=_utc_now, validator=_check_created_at)
+    metadata: dict[str, Any] = attrs.field(
+        kw_only=True, factory=dict, converter=_copy_metadata, validator=_check_metadata, hash=False
+    )
+    seq: int | None = attrs.field(kw_only=True, default=None, validator=_check_seq)

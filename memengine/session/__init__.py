@@ -1,0 +1,1 @@
+"""The session actor, its messages, and the client handle that sends them."""

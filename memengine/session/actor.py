@@ -1,0 +1,294 @@
+"""The session actor: one task owning all of a session's state.
+
+It reads its mailbox and handles one message at a time, in arrival order; a
+handler awaits only the store, never the summarizer or a client. Reads are
+answered from memory. When the raw window overflows, evicted episodes go to the
+summarizer child; they stay visible raw until the child acknowledges a stored
+summary. Clear and delete change the session's generation, which fences off any
+summary computed before them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import NoReturn
+
+import anyio
+import attrs
+
+from ..actor.mailbox import Mailbox
+from ..actor.reply import Reply
+from ..config import SessionConfig
+from ..context import Context
+from ..episode import Episode
+from ..errors import EngineClosedError, MemEngineError, StoreError
+from ..store.base import SessionSnapshot, Store
+from ..summarizer.actor import SummarizeBatch, SummarizerActor
+from ..summarizer.protocol import Summarizer
+from .messages import (
+    AddEpisodes,
+    ClearSession,
+    CloseSession,
+    DeleteEpisodes,
+    ReadContext,
+    SessionMessage,
+    SummaryFailed,
+    SummaryStored,
+)
+from .window import window_start
+
+log = logging.getLogger("memengine.session")
+
+
+@attrs.frozen
+class SessionServices:
+    """What every session actor of one engine shares."""
+
+    store: Store
+    summarizer: Summarizer
+    config: SessionConfig
+    summary_slots: anyio.CapacityLimiter
+
+
+class SessionActor:
+    def __init__(self, session_id: str, services: SessionServices, on_stop: Callable[[SessionActor], None]) -> None:
+        self.session_id = session_id
+        self.mailbox: Mailbox[SessionMessage] = Mailbox()
+        self._store = services.store
+        self._config = services.config
+        self._on_stop = on_stop
+        self._summarizer = SummarizerActor(
+            session_id, services.summarizer, services.store, services.config, services.summary_slots, self.mailbox.put
+        )
+        # State, recovered from the store on activation.
+        self._generation = 0
+        self._last_seq = 0
+        self._summary: str | None = None
+        self._summarized_through = 0
+        self._raw: list[Episode] = []  # live episodes after summarized_through, in order
+        self._evicted = 0  # raw[:evicted] left the window and await their summary
+        # Summarizer bookkeeping.
+        self._summary_in_flight = False
+        self._retry_at: float | None = None
+        self._waiters: list[tuple[int, Reply[Context]]] = []
+        self._handling: SessionMessage | None = None
+        # Passivation.
+        self._last_activity = anyio.current_time()
+        self._close_requested = False
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def run(self) -> None:
+        stop_error: MemEngineError = EngineClosedError("the engine closed before answering")
+        try:
+            try:
+                snapshot = await self._store.load_session(self.session_id)
+            except Exception as exc:
+                log.error("session %r could not be activated", self.session_id, exc_info=exc)
+                stop_error = StoreError(f"session {self.session_id!r} could not be loaded: {exc}")
+                return
+            async with anyio.create_task_group() as children:
+                children.start_soon(self._summarizer.run)
+                self._apply(snapshot)
+                await self._serve()
+                self._stop(stop_error)  # passivating: leave the registry before any await
+                children.cancel_scope.cancel()
+        finally:
+            # Whatever ended the activation (passivation, shutdown, a bug), no
+            # caller is left waiting on it.
+            self._stop(stop_error)
+
+    def _stop(self, error: MemEngineError) -> None:
+        """Leave the engine's registry and fail whatever was never answered.
+
+        Runs synchronously right after the actor decided to stop, so no message
+        can reach this activation after the decision. Calling it again does nothing.
+        """
+        self._on_stop(self)
+        unanswered = self.mailbox.close()
+        if self._handling is not None:  # cancelled mid-handler
+            unanswered.append(self._handling)
+            self._handling = None
+        for message in unanswered:
+            reply = getattr(message, "reply", None)
+            if reply is not None:
+                reply.fail(error)
+        for _, reply in self._waiters:
+            reply.fail(error)
+        self._waiters.clear()
+
+    async def _serve(self) -> None:
+        while True:
+            if self._retry_at is not None and anyio.current_time() >= self._retry_at:
+                self._retry_at = None
+                self._dispatch_summary()
+            message = self.mailbox.take()
+            if message is not None:
+                self._handling = message
+                await self._handle(message)
+                self._handling = None
+            elif self._may_passivate():
+                return  # no await since take(): nothing can have arrived
+            else:
+                with anyio.CancelScope(deadline=self._next_deadline()):
+                    await self.mailbox.wait_for_mail()
+
+    def _next_deadline(self) -> float:
+        deadline = math.inf if self._retry_at is None else self._retry_at
+        if self._idle_for_summaries() and self._config.passivate_after is not None:
+            deadline = min(deadline, self._last_activity + self._config.passivate_after)
+        return deadline
+
+    def _idle_for_summaries(self) -> bool:
+        return not self._summary_in_flight and self._retry_at is None and not self._waiters
+
+    def _may_passivate(self) -> bool:
+        if not self._idle_for_summaries():
+            return False
+        if self._close_requested:
+            return True
+        after = self._config.passivate_after
+        return after is not None and anyio.current_time() >= self._last_activity + after
+
+    # -- message handlers ----------------------------------------------------
+
+    async def _handle(self, message: SessionMessage) -> None:
+        match message:
+            case SummaryStored():
+                self._on_summary_stored(message)
+                return
+            case SummaryFailed():
+                self._on_summary_failed(message)
+                return
+        self._last_activity = anyio.current_time()
+        self._close_requested = False
+        try:
+            match message:
+                case AddEpisodes():
+                    await self._on_add(message)
+                case ReadContext():
+                    self._on_read(message)
+                case DeleteEpisodes():
+                    await self._on_delete(message)
+                case ClearSession():
+                    await self._on_clear(message)
+                case CloseSession():
+                    self._on_close(message)
+                case _:
+                    _unhandled(message)
+        except Exception as exc:
+            # The operation failed and the store rolled it back: tell its caller.
+            message.reply.fail(exc)
+
+    async def _on_add(self, message: AddEpisodes) -> None:
+        results = await self._store.append_episodes(self.session_id, self._last_seq + 1, message.episodes)
+        new = [episode for episode, is_new in results if is_new]
+        if new:
+            self._raw.extend(new)
+            self._last_seq = new[-1].seq  # type: ignore[assignment]
+            self._evict()
+        message.reply.set(tuple(episode for episode, _ in results))
+
+    def _on_read(self, message: ReadContext) -> None:
+        if message.wait_for_summary and self._evicted:
+            self._waiters.append((self._raw[self._evicted - 1].seq, message.reply))  # type: ignore[arg-type]
+        else:
+            message.reply.set(self._context())
+
+    async def _on_delete(self, message: DeleteEpisodes) -> None:
+        deleted, snapshot = await self._store.delete_episodes(self.session_id, message.seqs)
+        if deleted:
+            self._apply(snapshot)
+        message.reply.set(deleted)
+
+    async def _on_clear(self, message: ClearSession) -> None:
+        self._apply(await self._store.clear_session(self.session_id))
+        message.reply.set(None)
+
+    def _on_close(self, message: CloseSession) -> None:
+        # Every earlier message of this session has been handled; once the
+        # summarizer is idle, the activation can go (its state is durable).
+        self._close_requested = True
+        message.reply.set(None)
+
+    def _on_summary_stored(self, message: SummaryStored) -> None:
+        if message.generation != self._generation:
+            return  # computed before a clear/delete; the store refused it too
+        self._summary_in_flight = False
+        if not message.stored:
+            # Same generation yet refused: another writer changed the session.
+            self._schedule_retry()
+            return
+        covered = 0
+        while covered < len(self._raw) and self._raw[covered].seq <= message.through_seq:  # type: ignore[operator]
+            covered += 1
+        del self._raw[:covered]
+        self._evicted = max(0, self._evicted - covered)
+        self._summary = message.summary
+        self._summarized_through = message.through_seq
+        self._answer_waiters()
+        self._dispatch_summary()
+
+    def _on_summary_failed(self, message: SummaryFailed) -> None:
+        if message.generation != self._generation:
+            return
+        self._summary_in_flight = False
+        self._schedule_retry()
+
+    # -- state ---------------------------------------------------------------
+
+    def _apply(self, snapshot: SessionSnapshot) -> None:
+        """Adopt the store's view (after activation, clear or delete)."""
+        self._summarizer.abandon_before(snapshot.generation)
+        self._generation = snapshot.generation
+        self._last_seq = snapshot.last_seq
+        self._summary = snapshot.summary
+        self._summarized_through = snapshot.summarized_through
+        self._raw = list(snapshot.episodes)
+        self._evicted = 0
+        self._summary_in_flight = False
+        self._retry_at = None
+        self._evict()
+        self._answer_waiters()
+
+    def _evict(self) -> None:
+        start = window_start(self._raw, self._config.max_episodes, self._config.max_chars)
+        self._evicted = max(self._evicted, start)
+        self._dispatch_summary()
+
+    def _dispatch_summary(self) -> None:
+        if not self._evicted or self._summary_in_flight or self._retry_at is not None:
+            return
+        batch = tuple(self._raw[: min(self._evicted, self._config.summarize_batch_max)])
+        self._summarizer.submit(SummarizeBatch(self._generation, self._summary, batch))
+        self._summary_in_flight = True
+
+    def _schedule_retry(self) -> None:
+        self._retry_at = anyio.current_time() + self._config.summarize_retry_later
+
+    def _answer_waiters(self) -> None:
+        if not self._waiters:
+            return
+        first_pending = self._raw[0].seq if self._evicted else math.inf
+        still_waiting = []
+        for target, reply in self._waiters:
+            if first_pending > target:  # type: ignore[operator]
+                reply.set(self._context())
+            else:
+                still_waiting.append((target, reply))
+        self._waiters = still_waiting
+
+    def _context(self) -> Context:
+        return Context(
+            session_id=self.session_id,
+            summary=self._summary,
+            summarized_through=self._summarized_through,
+            episodes=tuple(self._raw),
+            evicted_through=self._raw[self._evicted - 1].seq if self._evicted else self._summarized_through,  # type: ignore[arg-type]
+        )
+
+
+def _unhandled(message: object) -> NoReturn:
+    raise TypeError(f"a session actor cannot handle {type(message).__name__}")

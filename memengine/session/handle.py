@@ -1,0 +1,147 @@
+"""The client handle: a cheap object that sends messages to a session actor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from ..actor.reply import Reply
+from ..context import Context
+from ..episode import Episode
+from ..errors import EngineClosedError, SessionClosedError
+from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+T = TypeVar("T")
+
+
+class Session:
+    """A handle on one session. Get one with :meth:`Engine.session`.
+
+    Handles do no I/O until called, and many handles may address the same
+    session. Each call is a message to the session's actor, handled in arrival
+    order. Every call is a checkpoint. A call cancelled before it was sent sent
+    nothing; a call cancelled while waiting for its answer stops waiting, and
+    the actor still carries the operation out (``add`` is idempotent by episode
+    id, so retrying it is safe).
+    """
+
+    __slots__ = ("_closed", "_engine", "_id")
+
+    def __init__(self, engine: Engine, session_id: str) -> None:
+        self._engine = engine
+        self._id = session_id
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<Session {self._id!r}{state}>"
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def add(self, episodes: Iterable[Episode]) -> tuple[Episode, ...]:
+        """Store episodes at the end of the session; return them with their seqs.
+
+        Returns when the episodes are committed to the store, whatever the
+        summarizer is doing. An episode whose id the session already holds is
+        not stored again; the earlier stored episode is returned in its place.
+        A rejected argument stores nothing.
+        """
+        batch = _episodes_argument(episodes)
+        if not batch:
+            return await self._request(None, ())
+        return await self._request(lambda reply: AddEpisodes(batch, reply))
+
+    async def context(self, *, wait_for_summary: bool = False) -> Context:
+        """The summary and the raw episodes after it, with no gap and no overlap.
+
+        With ``wait_for_summary=True``, first wait until every episode evicted
+        before this call is covered by a stored summary. Cancelling this wait
+        affects no one else: the summarizer keeps going.
+        """
+        return await self._request(lambda reply: ReadContext(bool(wait_for_summary), reply))
+
+    async def delete_episodes(self, seqs: Iterable[int]) -> int:
+        """Delete episodes by seq; return how many existed and were deleted.
+
+        Every summary that covered a deleted episode is dropped, and the
+        remaining episodes are summarized again in the background.
+        """
+        wanted = _seqs_argument(seqs)
+        if not wanted:
+            return await self._request(None, 0)
+        return await self._request(lambda reply: DeleteEpisodes(wanted, reply))
+
+    async def clear(self) -> None:
+        """Delete every episode and summary of the session, in memory and in the store.
+
+        A summary being computed at that moment can never be stored.
+        """
+        await self._request(ClearSession)
+
+    async def close(self) -> None:
+        """Close this handle; every later call on it raises :class:`SessionClosedError`.
+
+        The handle is closed before the first checkpoint, so even a cancelled
+        close leaves it closed. The session survives: ``engine.session(id)``
+        returns a working handle. Closing twice is a no-op.
+        """
+        if self._closed:
+            await anyio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        reply: Reply[None] = Reply()
+        try:
+            self._engine._deliver(self._id, CloseSession(reply))
+        except EngineClosedError:
+            return
+        try:
+            await reply.wait()
+        except EngineClosedError:
+            pass
+
+    async def _request(self, message: Callable[[Reply[T]], ClientMessage] | None, nothing_to_do: T = None) -> T:  # type: ignore[assignment]
+        """Send a message and wait for its reply (with no message, just check and checkpoint)."""
+        if self._closed:
+            raise SessionClosedError(f"session handle {self._id!r} is closed")
+        if message is None:
+            await anyio.lowlevel.checkpoint()
+            return nothing_to_do
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        reply: Reply[T] = Reply()
+        self._engine._deliver(self._id, message(reply))
+        return await reply.wait()
+
+
+def _episodes_argument(episodes: Iterable[Episode]) -> tuple[Episode, ...]:
+    if isinstance(episodes, (Episode, str, bytes)) or not isinstance(episodes, Iterable):
+        raise TypeError(f"add() takes an iterable of Episode, not {type(episodes).__name__}")
+    batch = tuple(episodes)
+    for episode in batch:
+        if not isinstance(episode, Episode):
+            raise TypeError(f"add() takes Episode objects, not {type(episode).__name__}")
+    return batch
+
+
+def _seqs_argument(seqs: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(seqs, (int, str, bytes)) or not isinstance(seqs, Iterable):
+        raise TypeError(f"delete_episodes() takes an iterable of seqs, not {type(seqs).__name__}")
+    wanted = tuple(seqs)
+    for seq in wanted:
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise TypeError(f"a seq is an int, not {type(seq).__name__}")
+        if seq < 1:
+            raise ValueError(f"seqs start at 1, got {seq}")
+    return wanted

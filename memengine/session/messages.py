@@ -1,0 +1,64 @@
+"""Every message a session actor handles: one type per operation.
+
+Client messages carry a :class:`~memengine.actor.reply.Reply` the caller awaits.
+The summarizer child reports with :class:`SummaryStored` / :class:`SummaryFailed`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..actor.reply import Reply
+from ..context import Context
+from ..episode import Episode
+
+
+@attrs.frozen(eq=False)
+class AddEpisodes:
+    episodes: tuple[Episode, ...]
+    reply: Reply[tuple[Episode, ...]]
+
+
+@attrs.frozen(eq=False)
+class ReadContext:
+    wait_for_summary: bool
+    reply: Reply[Context]
+
+
+@attrs.frozen(eq=False)
+class DeleteEpisodes:
+    seqs: tuple[int, ...]
+    reply: Reply[int]
+
+
+@attrs.frozen(eq=False)
+class ClearSession:
+    reply: Reply[None]
+
+
+@attrs.frozen(eq=False)
+class CloseSession:
+    reply: Reply[None]
+
+
+@attrs.frozen(eq=False)
+class SummaryStored:
+    """The child stored (or, if ``stored`` is false, was refused) a summary."""
+
+    generation: int
+    through_seq: int
+    summary: str
+    stored: bool
+
+
+@attrs.frozen(eq=False)
+class SummaryFailed:
+    """The child gave up on a batch for now; its episodes stay pending."""
+
+    generation: int
+    through_seq: int
+    error: BaseException
+
+
+ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | CloseSession
+SessionMessage = ClientMessage | SummaryStored | SummaryFailed

@@ -1,0 +1,85 @@
+"""The interface every store backend implements.
+
+A session is event-sourced: an append-only journal of episodes keyed by
+``(session_id, seq)`` plus summary snapshots keyed by ``(session_id,
+through_seq)``. Each method is one transaction. If the caller is cancelled
+while waiting, the operation may still complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+from ..episode import Episode
+
+
+@attrs.frozen
+class SessionSnapshot:
+    """A session's recoverable state: the latest summary and the episodes after it.
+
+    ``last_seq`` is the highest seq the session ever assigned (seqs are never
+    reused, not even after ``clear``). ``generation`` changes on every clear
+    or delete; a summary computed under an older generation is refused.
+    """
+
+    session_id: str
+    generation: int
+    last_seq: int
+    summary: str | None
+    summarized_through: int
+    episodes: tuple[Episode, ...]
+
+
+@attrs.frozen
+class SessionRow:
+    """One line of a store's session listing (for inspection)."""
+
+    session_id: str
+    generation: int
+    episodes: int
+    summarized_through: int
+    last_seq: int
+
+
+class Store(Protocol):
+    async def load_session(self, session_id: str) -> SessionSnapshot:
+        """The session's latest summary and the live episodes after it."""
+
+    async def append_episodes(
+        self, session_id: str, first_seq: int, episodes: Sequence[Episode]
+    ) -> tuple[tuple[Episode, bool], ...]:
+        """Store episodes with seqs from ``first_seq`` on, skipping ids already stored.
+
+        Returns, for each given episode in order, the stored episode (with its
+        seq; for an id already stored, the earlier row) and whether it is new.
+        Committed when this returns.
+        """
+
+    async def store_summary(self, session_id: str, generation: int, through_seq: int, summary: str) -> bool:
+        """Upsert a summary of live episodes ``1..through_seq``.
+
+        Returns ``False``, writing nothing, when ``generation`` is no longer the
+        session's generation (checked in the same transaction as the write).
+        """
+
+    async def delete_episodes(self, session_id: str, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
+        """Delete episodes and every summary covering any of them.
+
+        When anything was deleted the generation changes. Returns the number of
+        episodes deleted and the session's state afterwards.
+        """
+
+    async def clear_session(self, session_id: str) -> SessionSnapshot:
+        """Delete every episode and summary of the session; the generation changes."""
+
+    async def sessions_needing_summary(self, max_episodes: int, max_chars: int) -> list[str]:
+        """Sessions whose unsummarized episodes overflow the given window."""
+
+    async def list_sessions(self) -> list[SessionRow]:
+        """Every session the store knows, for inspection."""
+
+    async def aclose(self) -> None:
+        """Finish the operations already submitted, then release the store."""

@@ -1,0 +1,347 @@
+"""The embedded SQLite store, with group commit.
+
+Every operation is a small function run against the one connection. Operations
+submitted while a transaction is being committed wait and then go, all of them,
+into the next transaction: one thread hop and one commit serve every session
+that wrote meanwhile, and each caller is answered once its own rows are
+committed. sqlite3 blocks, so the transactions run in a worker thread, one at a
+time (never two threads on the connection at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+
+from ..episode import Episode
+from ..errors import EngineClosedError, StoreError
+from .base import SessionRow, SessionSnapshot
+from .schema import migrate
+
+T = TypeVar("T")
+Operation = Callable[[sqlite3.Connection], T]
+
+_EPISODE_COLUMNS = "seq, id, role, content, created_at, metadata"
+
+
+class _Submission:
+    """One operation waiting for its transaction."""
+
+    __slots__ = ("done", "error", "operation", "result", "writes")
+
+    def __init__(self, operation: Operation[Any], writes: bool) -> None:
+        self.operation = operation
+        self.writes = writes
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+
+
+class SQLiteStore:
+    """The SQLite backend. Open it with :func:`open_sqlite_store`.
+
+    ``synchronous`` is SQLite's ``PRAGMA synchronous`` in WAL mode: ``"NORMAL"``
+    (default) keeps every acknowledged write across a crash of the process
+    (kill -9); ``"FULL"`` also across a power loss, at the cost of an fsync per
+    commit.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._queue: list[_Submission] = []
+        self._queue_filled = anyio.Event()
+        self._closing = False
+        self._thread_slot = anyio.CapacityLimiter(1)
+
+    # -- the committer -------------------------------------------------------
+
+    async def _submit(self, operation: Operation[T], *, writes: bool = True) -> T:
+        if self._closing:
+            raise EngineClosedError("the store is closed")
+        submission = _Submission(operation, writes)
+        self._queue.append(submission)
+        self._queue_filled.set()
+        await submission.done.wait()
+        if submission.error is not None:
+            raise submission.error
+        return submission.result  # type: ignore[no-any-return]
+
+    async def _run_committer(self) -> None:
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._queue_filled = anyio.Event()
+                await self._queue_filled.wait()
+                continue
+            batch, self._queue = self._queue, []
+            # Shielded: a transaction that started is finished and its callers answered.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._commit, batch, limiter=self._thread_slot)
+            for submission in batch:
+                submission.done.set()
+
+    def _commit(self, batch: list[_Submission]) -> None:
+        """Run a batch of operations in one transaction (in the worker thread)."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            for submission in batch:
+                submission.error = StoreError(f"could not begin a transaction: {exc}")
+            return
+        for submission in batch:
+            if not submission.writes:
+                self._run_one(submission)
+                continue
+            # A savepoint per operation: one failing operation rolls back alone.
+            conn.execute("SAVEPOINT operation")
+            if self._run_one(submission):
+                conn.execute("RELEASE operation")
+            else:
+                conn.execute("ROLLBACK TO operation")
+                conn.execute("RELEASE operation")
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for submission in batch:
+                submission.result = None
+                submission.error = StoreError(f"commit failed, nothing was stored: {exc}")
+
+    def _run_one(self, submission: _Submission) -> bool:
+        try:
+            submission.result = submission.operation(self._conn)
+        except sqlite3.Error as exc:
+            submission.error = StoreError(str(exc))
+            return False
+        except Exception as exc:
+            submission.error = exc
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        self._closing = True
+        self._queue_filled.set()
+
+    # -- operations ----------------------------------------------------------
+
+    async def load_session(self, session_id: str) -> SessionSnapshot:
+        return await self._submit(lambda conn: _load(conn, session_id), writes=False)
+
+    async def append_episodes(
+        self, session_id: str, first_seq: int, episodes: Sequence[Episode]
+    ) -> tuple[tuple[Episode, bool], ...]:
+        rows = [_episode_row(episode) for episode in episodes]
+        return await self._submit(lambda conn: _append(conn, session_id, first_seq, rows))
+
+    async def store_summary(self, session_id: str, generation: int, through_seq: int, summary: str) -> bool:
+        now = datetime.now(UTC).isoformat()
+
+        def write(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "INSERT INTO summaries (session_id, through_seq, generation, summary, created_at) "
+                "SELECT ?, ?, ?, ?, ? "
+                "WHERE coalesce((SELECT generation FROM sessions WHERE session_id = ?), 0) = ? "
+                "ON CONFLICT (session_id, through_seq) DO UPDATE SET "
+                "generation = excluded.generation, summary = excluded.summary, created_at = excluded.created_at",
+                (session_id, through_seq, generation, summary, now, session_id, generation),
+            )
+            return cursor.rowcount == 1
+
+        return await self._submit(write)
+
+    async def delete_episodes(self, session_id: str, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
+        wanted = json.dumps(sorted(set(seqs)))
+
+        def delete(conn: sqlite3.Connection) -> tuple[int, SessionSnapshot]:
+            existing = [
+                seq
+                for (seq,) in conn.execute(
+                    "SELECT seq FROM episodes WHERE session_id = ? AND seq IN (SELECT value FROM json_each(?))",
+                    (session_id, wanted),
+                )
+            ]
+            if not existing:
+                return 0, _load(conn, session_id)
+            # Before deleting: the seq floor must include the rows about to go.
+            _bump_generation(conn, session_id)
+            conn.execute(
+                "DELETE FROM episodes WHERE session_id = ? AND seq IN (SELECT value FROM json_each(?))",
+                (session_id, wanted),
+            )
+            # A summary through k covers every live episode up to k.
+            conn.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq >= ?", (session_id, min(existing)))
+            return len(existing), _load(conn, session_id)
+
+        return await self._submit(delete)
+
+    async def clear_session(self, session_id: str) -> SessionSnapshot:
+        def clear(conn: sqlite3.Connection) -> SessionSnapshot:
+            _bump_generation(conn, session_id)
+            conn.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
+            return _load(conn, session_id)
+
+        return await self._submit(clear)
+
+    async def sessions_needing_summary(self, max_episodes: int, max_chars: int) -> list[str]:
+        def query(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "WITH latest AS ("
+                "  SELECT s.session_id, coalesce("
+                "    (SELECT max(through_seq) FROM summaries AS m WHERE m.session_id = s.session_id), 0) AS through"
+                "  FROM sessions AS s) "
+                "SELECT latest.session_id FROM latest "
+                "JOIN episodes AS e ON e.session_id = latest.session_id AND e.seq > latest.through "
+                "GROUP BY latest.session_id HAVING count(*) > ? OR sum(length(e.content)) > ?",
+                (max_episodes, max_chars),
+            )
+            return [row[0] for row in rows]
+
+        return await self._submit(query, writes=False)
+
+    async def list_sessions(self) -> list[SessionRow]:
+        def query(conn: sqlite3.Connection) -> list[SessionRow]:
+            rows = conn.execute(
+                "SELECT s.session_id, s.generation, "
+                "  (SELECT count(*) FROM episodes AS e WHERE e.session_id = s.session_id), "
+                "  coalesce((SELECT max(through_seq) FROM summaries AS m WHERE m.session_id = s.session_id), 0), "
+                "  max(s.seq_floor, coalesce("
+                "    (SELECT max(seq) FROM episodes AS e WHERE e.session_id = s.session_id), 0)) "
+                "FROM sessions AS s ORDER BY s.session_id"
+            )
+            return [SessionRow(*row) for row in rows]
+
+        return await self._submit(query, writes=False)
+
+
+def _episode_row(episode: Episode) -> tuple[str, str, str, str, str]:
+    return (
+        episode.id,
+        episode.role,
+        episode.content,
+        episode.created_at.isoformat(),
+        json.dumps(episode.metadata, allow_nan=False, ensure_ascii=False),
+    )
+
+
+def _episode_from_row(row: tuple[int, str, str, str, str, str]) -> Episode:
+    seq, episode_id, role, content, created_at, metadata = row
+    return Episode(
+        role,
+        content,
+        id=episode_id,
+        created_at=datetime.fromisoformat(created_at),
+        metadata=json.loads(metadata),
+        seq=seq,
+    )
+
+
+def _append(
+    conn: sqlite3.Connection, session_id: str, first_seq: int, rows: list[tuple[str, str, str, str, str]]
+) -> tuple[tuple[Episode, bool], ...]:
+    conn.execute("INSERT OR IGNORE INTO sessions (session_id) VALUES (?)", (session_id,))
+    results: list[tuple[Episode, bool]] = []
+    seq = first_seq
+    for row in rows:
+        inserted = conn.execute(
+            "INSERT OR IGNORE INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (session_id, seq, *row),
+        ).rowcount
+        if inserted:
+            results.append((_episode_from_row((seq, *row)), True))
+            seq += 1
+            continue
+        existing = conn.execute(
+            f"SELECT {_EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND id = ?", (session_id, row[0])
+        ).fetchone()
+        if existing is None:
+            # The id is new, so the seq itself was taken: the caller's idea of
+            # the session is stale (only possible if another writer shares it).
+            raise StoreError(f"seq {seq} of session {session_id!r} is already taken")
+        results.append((_episode_from_row(existing), False))
+    return tuple(results)
+
+
+def _bump_generation(conn: sqlite3.Connection, session_id: str) -> None:
+    conn.execute(
+        "INSERT INTO sessions (session_id, generation, seq_floor) VALUES (?, 1, "
+        "  coalesce((SELECT max(seq) FROM episodes WHERE session_id = ?), 0)) "
+        "ON CONFLICT (session_id) DO UPDATE SET generation = generation + 1, "
+        "  seq_floor = max(seq_floor, excluded.seq_floor)",
+        (session_id, session_id),
+    )
+
+
+def _load(conn: sqlite3.Connection, session_id: str) -> SessionSnapshot:
+    session = conn.execute("SELECT generation, seq_floor FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    generation, seq_floor = session if session is not None else (0, 0)
+    latest = conn.execute(
+        "SELECT through_seq, summary FROM summaries WHERE session_id = ? ORDER BY through_seq DESC LIMIT 1",
+        (session_id,),
+    ).fetchone()
+    summarized_through, summary = latest if latest is not None else (0, None)
+    episodes = tuple(
+        _episode_from_row(row)
+        for row in conn.execute(
+            f"SELECT {_EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND seq > ? ORDER BY seq",
+            (session_id, summarized_through),
+        )
+    )
+    (max_seq,) = conn.execute("SELECT max(seq) FROM episodes WHERE session_id = ?", (session_id,)).fetchone()
+    return SessionSnapshot(
+        session_id=session_id,
+        generation=generation,
+        last_seq=max(seq_floor, max_seq or 0),
+        summary=summary,
+        summarized_through=summarized_through,
+        episodes=episodes,
+    )
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    if path != ":memory:":
+        conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA busy_timeout = 10000")
+    return conn
+
+
+@asynccontextmanager
+async def open_sqlite_store(
+    path: str | os.PathLike[str] = "memengine.db", *, synchronous: str = "NORMAL"
+) -> AsyncIterator[SQLiteStore]:
+    """Open (creating and migrating if needed) a SQLite store for the block's duration.
+
+    On exit, operations already submitted are committed and the file is closed.
+    """
+    if synchronous not in ("NORMAL", "FULL"):
+        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+    path = os.fspath(path)
+    if not path:
+        raise ValueError("the SQLite path must not be empty (use ':memory:' for a private in-memory store)")
+    conn = await anyio.to_thread.run_sync(_connect, path)
+    try:
+        await anyio.to_thread.run_sync(conn.execute, f"PRAGMA synchronous = {synchronous}")
+        await anyio.to_thread.run_sync(migrate, conn)
+        store = SQLiteStore(conn)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(store._run_committer)
+            try:
+                yield store
+            finally:
+                await store.aclose()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(conn.close)

@@ -1,0 +1,138 @@
+"""The summarizer child actor: one per session, under the session's task group.
+
+The session sends it a :class:`SummarizeBatch` (the previous summary and the
+evicted episodes not yet summarized). It calls the summarizer, retrying with
+tenacity, stores the new summary, and only *then* acknowledges to the session
+with :class:`~memengine.session.messages.SummaryStored`. If it is cancelled or
+crashes before that, the episodes are still unsummarized in the store and
+nothing is lost. A caller waiting for a summary never awaits this actor: it
+waits on its own reply from the session, so cancelling that caller cannot
+cancel a summary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+import attrs
+import tenacity
+
+from ..actor.mailbox import Mailbox
+from ..config import SessionConfig
+from ..episode import Episode
+from ..errors import SummaryError
+from ..session.messages import SummaryFailed, SummaryStored
+from ..store.base import Store
+from .protocol import Summarizer
+
+log = logging.getLogger("memengine.summarizer")
+
+
+@attrs.frozen
+class SummarizeBatch:
+    """Fold ``episodes`` into ``previous``; valid only while the session is at ``generation``."""
+
+    generation: int
+    previous: str | None
+    episodes: tuple[Episode, ...]
+
+    @property
+    def through_seq(self) -> int:
+        seq = self.episodes[-1].seq
+        assert seq is not None
+        return seq
+
+
+class SummarizerActor:
+    def __init__(
+        self,
+        session_id: str,
+        summarizer: Summarizer,
+        store: Store,
+        config: SessionConfig,
+        limiter: anyio.CapacityLimiter,
+        acknowledge: Callable[[SummaryStored | SummaryFailed], None],
+    ) -> None:
+        self._session_id = session_id
+        self._summarizer = summarizer
+        self._store = store
+        self._config = config
+        self._limiter = limiter
+        self._acknowledge = acknowledge
+        self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
+        self._newest_generation = 0
+        self._current: tuple[int, anyio.CancelScope] | None = None
+        # Reused for each batch in turn (this actor summarizes one batch at a time).
+        self._retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(config.summarize_attempts),
+            # Exponential backoff with full jitter: spreads retries of many sessions.
+            wait=tenacity.wait_random_exponential(
+                multiplier=config.summarize_backoff, max=config.summarize_backoff_max
+            ),
+            retry=tenacity.retry_if_exception_type(Exception),
+            sleep=anyio.sleep,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+
+    def submit(self, batch: SummarizeBatch) -> None:
+        self._mailbox.put(batch)
+
+    def abandon_before(self, generation: int) -> None:
+        """Drop work computed under a generation older than ``generation``.
+
+        The store would refuse its summary anyway; this only saves the LLM call.
+        """
+        self._newest_generation = max(self._newest_generation, generation)
+        if self._current is not None and self._current[0] < generation:
+            self._current[1].cancel()
+
+    async def run(self) -> None:
+        while True:
+            await self._mailbox.wait_for_mail()
+            batch = self._mailbox.take()
+            assert batch is not None
+            if batch.generation < self._newest_generation:
+                continue
+            with anyio.CancelScope() as scope:
+                self._current = (batch.generation, scope)
+                outcome = await self._summarize_and_store(batch)
+            self._current = None
+            if not scope.cancelled_caught:
+                self._acknowledge(outcome)
+
+    async def _summarize_and_store(self, batch: SummarizeBatch) -> SummaryStored | SummaryFailed:
+        try:
+            async with self._limiter:
+                summary = await self._summarize_with_retries(batch)
+            stored = await self._store.store_summary(self._session_id, batch.generation, batch.through_seq, summary)
+        except Exception as exc:
+            log.error(
+                "session %r: summarizing episodes up to seq %d failed; they stay pending and are retried in %ss",
+                self._session_id,
+                batch.through_seq,
+                self._config.summarize_retry_later,
+                exc_info=exc,
+            )
+            return SummaryFailed(batch.generation, batch.through_seq, exc)
+        return SummaryStored(batch.generation, batch.through_seq, summary, stored)
+
+    async def _summarize_with_retries(self, batch: SummarizeBatch) -> str:
+        async for attempt in self._retrying:
+            with attempt:
+                summary = await self._summarizer.summarize(batch.previous, batch.episodes)
+                if not isinstance(summary, str) or not summary.strip():
+                    raise SummaryError(f"the summarizer returned {summary!r}, not a non-empty string")
+        return summary
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        outcome = state.outcome
+        log.warning(
+            "session %r: summarizer attempt %d failed (%r); retrying in %.2fs",
+            self._session_id,
+            state.attempt_number,
+            outcome.exception() if outcome is not None else None,
+            state.upcoming_sleep,
+        )

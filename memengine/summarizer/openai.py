@@ -1,0 +1,71 @@
+"""An adapter for any OpenAI-compatible chat-completions endpoint.
+
+Needs the ``openai`` package: ``pip install 'memengine[openai]'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..episode import Episode
+
+DEFAULT_INSTRUCTIONS = (
+    "You maintain the running memory of a conversation between a user and an assistant. "
+    "Given the current summary and the turns that just left the conversation window, "
+    "write the updated summary: keep every durable fact, preference, decision and open "
+    "question; drop small talk; write plain prose, at most {max_words} words."
+)
+
+
+class OpenAISummarizer:
+    """Summarizes with a chat model.
+
+    Pass an ``openai.AsyncOpenAI`` (or compatible) ``client``, or let one be made
+    from ``base_url`` and ``api_key`` (the usual ``OPENAI_*`` environment
+    variables apply). Retries are the engine's job: the client is built with
+    ``max_retries=0`` unless you pass your own.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: Any | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_words: int = 200,
+        instructions: str = DEFAULT_INSTRUCTIONS,
+        temperature: float = 0.0,
+    ) -> None:
+        if not model:
+            raise ValueError("model must be a non-empty string")
+        if client is None:
+            try:
+                from openai import AsyncOpenAI
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise ImportError("OpenAISummarizer needs the openai package: pip install 'memengine[openai]'") from exc
+            client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        self.model = model
+        self.client = client
+        self.instructions = instructions.format(max_words=max_words)
+        self.temperature = temperature
+
+    def messages(self, previous: str | None, episodes: Sequence[Episode]) -> list[dict[str, str]]:
+        turns = "\n".join(f"{episode.role}: {episode.content}" for episode in episodes)
+        return [
+            {"role": "system", "content": self.instructions},
+            {
+                "role": "user",
+                "content": f"Current summary:\n{previous or '(none yet)'}\n\nTurns to fold in:\n{turns}",
+            },
+        ]
+
+    async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+        response = await self.client.chat.completions.create(
+            model=self.model,
+            messages=self.messages(previous, episodes),
+            temperature=self.temperature,
+        )
+        content = response.choices[0].message.content
+        return content.strip() if isinstance(content, str) else ""

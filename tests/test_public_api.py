@@ -1,0 +1,130 @@
+"""The public surface and the validation at its edge."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+import memengine
+from memengine import Episode, SessionConfig, open_engine
+
+
+def test_exports_are_deliberate() -> None:
+    assert sorted(memengine.__all__) == [
+        "Context",
+        "Engine",
+        "EngineClosedError",
+        "Episode",
+        "ExtractiveSummarizer",
+        "MemEngineError",
+        "OpenAISummarizer",
+        "Session",
+        "SessionClosedError",
+        "SessionConfig",
+        "StoreError",
+        "Summarizer",
+        "SummaryError",
+        "open_engine",
+    ]
+    for name in memengine.__all__:
+        assert getattr(memengine, name) is not None
+
+
+def test_errors_form_one_hierarchy() -> None:
+    for error in (memengine.SessionClosedError, memengine.EngineClosedError, memengine.StoreError):
+        assert issubclass(error, memengine.MemEngineError)
+
+
+def test_episode_defaults() -> None:
+    episode = Episode("user", "hello")
+    assert len(episode.id) == 32 and episode.seq is None and episode.metadata == {}
+    assert episode.created_at.tzinfo is not None
+    assert Episode("user", "hello").id != episode.id
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"role": "", "content": "x"}, ValueError),
+        ({"role": "user", "content": "   "}, ValueError),
+        ({"role": None, "content": "x"}, TypeError),
+        ({"role": "user", "content": 42}, TypeError),
+        ({"role": "user", "content": "bad \udc80 surrogate"}, ValueError),
+        ({"role": "user", "content": "x", "id": ""}, ValueError),
+        ({"role": "user", "content": "x", "created_at": datetime(2026, 1, 1)}, ValueError),
+        ({"role": "user", "content": "x", "created_at": "2026-01-01"}, TypeError),
+        ({"role": "user", "content": "x", "metadata": {"when": datetime.now(UTC)}}, ValueError),
+        ({"role": "user", "content": "x", "metadata": {1: "int key"}}, TypeError),
+        ({"role": "user", "content": "x", "metadata": {"nan": float("nan")}}, ValueError),
+        ({"role": "user", "content": "x", "metadata": ["not", "a", "mapping"]}, TypeError),
+        ({"role": "user", "content": "x", "seq": 0}, ValueError),
+    ],
+)
+def test_episode_rejects_bad_fields(kwargs: dict, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        Episode(**kwargs)
+
+
+def test_episode_metadata_is_copied() -> None:
+    metadata = {"topic": "moving"}
+    episode = Episode("user", "x", metadata=metadata)
+    metadata["topic"] = "changed"
+    assert episode.metadata == {"topic": "moving"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"max_episodes": 0}, ValueError),
+        ({"max_episodes": -3}, ValueError),
+        ({"max_chars": 0}, ValueError),
+        ({"retain_every": 0}, ValueError),
+        ({"max_episodes": 2.5}, TypeError),
+        ({"max_episodes": True}, TypeError),
+        ({"passivate_after": 0}, ValueError),
+        ({"passivate_after": float("inf")}, ValueError),
+        ({"summarize_attempts": 0}, ValueError),
+        ({"summarize_backoff": -1.0}, ValueError),
+        ({"summarize_retry_later": "soon"}, TypeError),
+    ],
+)
+def test_session_config_rejects_nonsense(kwargs: dict, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        SessionConfig(**kwargs)
+
+
+def test_session_config_accepts_sensible_values() -> None:
+    config = SessionConfig(max_episodes=5, max_chars=100, retain_every=3, passivate_after=None)
+    assert (config.max_episodes, config.max_chars, config.retain_every) == (5, 100, 3)
+
+
+@pytest.mark.anyio
+async def test_session_ids_are_validated_without_io(db_path) -> None:
+    async with open_engine(db_path) as engine:
+        with pytest.raises(ValueError):
+            engine.session("")
+        with pytest.raises(ValueError):
+            engine.session("   ")
+        with pytest.raises(TypeError):
+            engine.session(7)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            engine.session("x" * 5000)
+        engine.session("alice/chat-1")
+        assert engine.active_sessions == 0  # a handle alone activates nothing
+
+
+@pytest.mark.anyio
+async def test_open_engine_rejects_bad_arguments(db_path) -> None:
+    with pytest.raises(TypeError):
+        async with open_engine(db_path, config={"max_episodes": 3}):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(TypeError):
+        async with open_engine(db_path, summarizer=object()):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(ValueError):
+        async with open_engine(db_path, max_concurrent_summaries=0):
+            pass
+    with pytest.raises(ValueError):
+        async with open_engine(""):
+            pass

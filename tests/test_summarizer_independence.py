@@ -1,0 +1,100 @@
+"""Writers never wait for the LLM; evictions coalesce; waiting readers are independent."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from memengine import SessionConfig, open_engine
+
+from .fakes import GatedSummarizer, add_each, covered, turns
+
+pytestmark = pytest.mark.anyio
+
+SMALL_WINDOW = SessionConfig(max_episodes=3)
+
+
+async def test_add_returns_while_the_summarizer_is_blocked(db_path, stored) -> None:
+    summarizer = GatedSummarizer()
+    async with open_engine(db_path, summarizer=summarizer, config=SMALL_WINDOW) as engine:
+        session = engine.session("s")
+        await add_each(session, turns(4))  # evicts turn 1: the summarizer is called and blocks
+        await summarizer.wait_until_called()
+        # The LLM never answers during these adds; each add still returns, committed.
+        await add_each(session, turns(20, start=5))
+        assert len(stored.episodes("s")) == 24
+        assert summarizer.finished == 0
+        context = await session.context()
+        # Nothing disappears from view while the LLM call is pending.
+        assert context.summary is None
+        assert [e.seq for e in context.episodes] == list(range(1, 25))
+        assert context.evicted_through == 21
+        summarizer.release()
+
+
+async def test_evictions_during_a_slow_call_coalesce(db_path, stored) -> None:
+    summarizer = GatedSummarizer()
+    async with open_engine(db_path, summarizer=summarizer, config=SMALL_WINDOW) as engine:
+        session = engine.session("s")
+        await add_each(session, turns(4))
+        await summarizer.wait_until_called()
+        await add_each(session, turns(40, start=5))  # 40 more evictions while the call is blocked
+        summarizer.release()
+        context = await session.context(wait_for_summary=True)
+        assert context.summarized_through == 41
+        assert covered(context.summary) == [f"turn {i}" for i in range(1, 42)]
+        # One call for the first eviction, one for the 40 that piled up behind it.
+        assert summarizer.calls == [(1,), tuple(range(2, 42))]
+        assert stored.summaries("s")[-1][0] == 41
+
+
+async def test_cancelled_waiter_stops_only_its_own_wait(db_path, stored) -> None:
+    summarizer = GatedSummarizer()
+    async with open_engine(db_path, summarizer=summarizer, config=SMALL_WINDOW) as engine:
+        session = engine.session("s")
+        await add_each(session, turns(6))  # evicts turns 1..3
+        await summarizer.wait_until_called()
+        answers = []
+
+        async def wait_for_summary() -> None:
+            answers.append(await session.context(wait_for_summary=True))
+
+        async with anyio.create_task_group() as waiters:
+            waiters.start_soon(wait_for_summary)
+            waiters.start_soon(wait_for_summary)
+            async with anyio.create_task_group() as impatient:
+                impatient.start_soon(wait_for_summary)
+                await anyio.wait_all_tasks_blocked()
+                impatient.cancel_scope.cancel()
+            assert answers == []
+            summarizer.release()
+        # The two patient waiters got their answer; the summarizer was never cancelled.
+        assert len(answers) == 2
+        for context in answers:
+            assert context.summarized_through == 3
+            assert [e.seq for e in context.episodes] == [4, 5, 6]
+        assert summarizer.calls == [(1,), (2, 3)]
+        assert [through for through, _ in stored.summaries("s")] == [1, 3]
+
+
+async def test_waiting_reader_sees_every_earlier_eviction_covered(db_path) -> None:
+    summarizer = GatedSummarizer()
+    async with open_engine(db_path, summarizer=summarizer, config=SMALL_WINDOW) as engine:
+        session = engine.session("s")
+        await add_each(session, turns(10))
+        summarizer.release()
+        context = await session.context(wait_for_summary=True)
+        assert context.summarized_through == 7
+        assert context.evicted_through == 7
+        assert [e.seq for e in context.episodes] == [8, 9, 10]
+
+
+async def test_wait_for_summary_with_nothing_evicted_answers_at_once(db_path) -> None:
+    summarizer = GatedSummarizer()  # never released
+    async with open_engine(db_path, summarizer=summarizer, config=SMALL_WINDOW) as engine:
+        session = engine.session("s")
+        await add_each(session, turns(3))
+        with anyio.fail_after(5):
+            context = await session.context(wait_for_summary=True)
+        assert [e.seq for e in context.episodes] == [1, 2, 3]
+        assert summarizer.calls == []
