@@ -1,0 +1,299 @@
+"""Durable add throughput: memengine vs raw sqlite3, measured side by side.
+
+S sessions, each with one writer task adding single episodes in a loop (A adds
+per session), against a file-backed SQLite store in a temporary directory. In
+the same run, on the same machine, raw sqlite3 inserts the same rows into a
+table of the same shape with the same pragmas (WAL, synchronous=NORMAL):
+
+* raw single-row: one INSERT + COMMIT per row (what a durable single add costs
+  without an engine);
+* raw batched: 100 rows per transaction (roughly what group commit can reach).
+
+Each round runs all three on fresh database files, alternating the order
+between rounds; the medians over rounds are reported, because the machine is
+shared and noisy. Episodes and raw rows are built before the clocks start.
+
+Run: ``.venv/bin/python benchmarks/throughput.py [--sessions S] [--adds A]
+[--rounds R] [--backend asyncio|trio] [--default-config] [--profile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import attrs
+
+from memengine import Episode, SessionConfig, open_engine
+
+Row = tuple[str, int, str, str, str, str, str]
+
+RAW_SCHEMA = (
+    "CREATE TABLE episodes (session_id TEXT NOT NULL, seq INTEGER NOT NULL, id TEXT NOT NULL, "
+    "role TEXT NOT NULL, content TEXT NOT NULL, created_at TEXT NOT NULL, metadata TEXT NOT NULL, "
+    "PRIMARY KEY (session_id, seq))"
+)
+RAW_ID_INDEX = "CREATE UNIQUE INDEX episodes_by_id ON episodes (session_id, id)"
+RAW_INSERT = "INSERT INTO episodes VALUES (?, ?, ?, ?, ?, ?, ?)"
+
+
+@attrs.frozen
+class EngineRound:
+    adds_per_second: float
+    seconds: float
+    activation_seconds: float
+    latencies: list[list[float]]  # per session, in add order, seconds
+
+
+def session_id(index: int) -> str:
+    return f"session-{index:04d}"
+
+
+def build_episodes(sessions: int, adds: int) -> list[list[Episode]]:
+    return [
+        [
+            Episode(
+                "user" if i % 2 == 0 else "assistant",
+                f"Turn {i} of {session_id(s)}: the user asks about the deployment plan and its rollback steps.",
+            )
+            for i in range(adds)
+        ]
+        for s in range(sessions)
+    ]
+
+
+def build_rows(episodes: list[list[Episode]]) -> list[Row]:
+    """The same episodes as raw rows, interleaved across sessions as concurrent writers would."""
+    rows: list[Row] = []
+    for i in range(max(len(batch) for batch in episodes)):
+        for s, batch in enumerate(episodes):
+            if i < len(batch):
+                episode = batch[i]
+                rows.append(
+                    (
+                        session_id(s),
+                        i + 1,
+                        episode.id,
+                        episode.role,
+                        episode.content,
+                        episode.created_at.isoformat(),
+                        json.dumps(episode.metadata),
+                    )
+                )
+    return rows
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile (``fraction`` in 0..1)."""
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(fraction * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+# -- raw sqlite3 ---------------------------------------------------------------
+
+
+def raw_connection(path: Path, id_index: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute(RAW_SCHEMA)
+    if id_index:
+        conn.execute(RAW_ID_INDEX)
+    conn.commit()
+    return conn
+
+
+def raw_single_row(path: Path, rows: list[Row], id_index: bool) -> float:
+    """Rows/s with one INSERT + COMMIT per row."""
+    conn = raw_connection(path, id_index)
+    try:
+        started = time.perf_counter()
+        for row in rows:
+            conn.execute(RAW_INSERT, row)
+            conn.commit()
+        return len(rows) / (time.perf_counter() - started)
+    finally:
+        conn.close()
+
+
+def raw_batched(path: Path, rows: list[Row], id_index: bool, batch: int = 100) -> float:
+    """Rows/s with ``batch`` rows per transaction."""
+    conn = raw_connection(path, id_index)
+    try:
+        started = time.perf_counter()
+        for start in range(0, len(rows), batch):
+            conn.executemany(RAW_INSERT, rows[start : start + batch])
+            conn.commit()
+        return len(rows) / (time.perf_counter() - started)
+    finally:
+        conn.close()
+
+
+# -- memengine -----------------------------------------------------------------
+
+
+async def engine_round(path: Path, episodes: list[list[Episode]], config: SessionConfig) -> EngineRound:
+    latencies: list[list[float]] = [[] for _ in episodes]
+    async with open_engine(path, config=config) as engine:
+        handles = [engine.session(session_id(s)) for s in range(len(episodes))]
+
+        # Activate every session first, so the clock measures adds only.
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tasks:
+            for handle in handles:
+                tasks.start_soon(handle.context)
+        activation_seconds = time.perf_counter() - started
+
+        async def write(s: int) -> None:
+            handle, record = handles[s], latencies[s]
+            for episode in episodes[s]:
+                before = time.perf_counter()
+                await handle.add((episode,))
+                record.append(time.perf_counter() - before)
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tasks:
+            for s in range(len(episodes)):
+                tasks.start_soon(write, s)
+        seconds = time.perf_counter() - started
+    total = sum(len(batch) for batch in episodes)
+    return EngineRound(total / seconds, seconds, activation_seconds, latencies)
+
+
+def run_engine_round(
+    args: argparse.Namespace, path: Path, episodes: list[list[Episode]], config: SessionConfig
+) -> EngineRound:
+    return anyio.run(engine_round, path, episodes, config, backend=args.backend)
+
+
+# -- the benchmark -------------------------------------------------------------
+
+
+def engine_config(args: argparse.Namespace) -> SessionConfig:
+    if args.default_config:
+        return SessionConfig()
+    # A window large enough that summarization never starts: this measures the write path.
+    return SessionConfig(max_episodes=max(1000, args.adds + 1), max_chars=1_000_000_000)
+
+
+def profile_engine(args: argparse.Namespace, directory: Path, episodes: list[list[Episode]]) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_engine_round(args, directory / "profile.db", episodes, engine_config(args))
+    profiler.disable()
+    for order in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(order).print_stats(30)
+        print(f"\n== cProfile of one memengine round, top 30 by {order} ==")
+        print(out.getvalue().split("\n\n", 1)[-1].rstrip())
+
+
+def main(args: argparse.Namespace) -> None:
+    config = engine_config(args)
+    episodes = build_episodes(args.sessions, args.adds)
+    rows = build_rows(episodes)
+    total = len(rows)
+    print(
+        f"durable single-episode adds: {args.sessions} sessions x {args.adds} adds = {total}, "
+        f"backend={args.backend}, rounds={args.rounds}, "
+        f"config={'default SessionConfig()' if args.default_config else f'max_episodes={config.max_episodes}'}, "
+        f"raw (session_id, id) index={'yes' if args.raw_id_index else 'no'}"
+    )
+    single: list[float] = []
+    batched: list[float] = []
+    engine: list[EngineRound] = []
+    with tempfile.TemporaryDirectory(prefix="memengine-bench-") as name:
+        directory = Path(name)
+        for round_number in range(args.rounds):
+            order = ["single", "batched", "engine"]
+            if round_number % 2:
+                order.reverse()  # alternate, so neither side always runs on a warmer (or busier) machine
+            for step in order:
+                path = directory / f"{step}-{round_number}.db"
+                if step == "single":
+                    single.append(raw_single_row(path, rows, args.raw_id_index))
+                elif step == "batched":
+                    batched.append(raw_batched(path, rows, args.raw_id_index))
+                else:
+                    engine.append(run_engine_round(args, path, episodes, config))
+            print(
+                f"round {round_number + 1}: memengine {engine[-1].adds_per_second:>8.0f} adds/s   "
+                f"raw single-row {single[-1]:>8.0f} rows/s   raw batched(100) {batched[-1]:>8.0f} rows/s   "
+                f"memengine/single {engine[-1].adds_per_second / single[-1]:.2f}   "
+                f"memengine/batched {engine[-1].adds_per_second / batched[-1]:.2f}"
+            )
+        if args.profile:
+            profile_engine(args, directory, episodes)
+    report(args, engine, single, batched)
+
+
+def report(args: argparse.Namespace, engine: list[EngineRound], single: list[float], batched: list[float]) -> None:
+    rates = [r.adds_per_second for r in engine]
+    print(f"\nmedian over {args.rounds} rounds")
+    print(f"  memengine durable adds/s            {statistics.median(rates):>10.0f}")
+    print(f"  raw sqlite3 single-row txn/s        {statistics.median(single):>10.0f}")
+    print(f"  raw sqlite3 rows/s, 100 per txn     {statistics.median(batched):>10.0f}")
+    single_ratio = statistics.median(e / s for e, s in zip(rates, single, strict=True))
+    batched_ratio = statistics.median(e / b for e, b in zip(rates, batched, strict=True))
+    print(f"  ratio memengine / raw single-row    {single_ratio:>10.2f}")
+    print(f"  ratio memengine / raw batched       {batched_ratio:>10.2f}")
+    print(
+        f"  memengine activation of {args.sessions} sessions (median): "
+        f"{statistics.median(r.activation_seconds for r in engine) * 1000:.1f} ms"
+    )
+
+    # Latency, from the median-throughput round.
+    median_round = sorted(engine, key=lambda r: r.adds_per_second)[len(engine) // 2]
+    every = [latency for session in median_round.latencies for latency in session]
+    tenth = max(1, args.adds // 10)
+    first = [latency for session in median_round.latencies for latency in session[:tenth]]
+    last = [latency for session in median_round.latencies for latency in session[-tenth:]]
+    print(f"memengine add latency (round at median throughput, {len(every)} adds)")
+    print(
+        f"  p50 {percentile(every, 0.5) * 1000:.2f} ms   p99 {percentile(every, 0.99) * 1000:.2f} ms   "
+        f"max {max(every) * 1000:.2f} ms"
+    )
+    first_p50, last_p50 = percentile(first, 0.5), percentile(last, 0.5)
+    print(
+        f"  growth with history: p50 of each session's first {tenth} adds {first_p50 * 1000:.2f} ms, "
+        f"last {tenth} adds {last_p50 * 1000:.2f} ms (last/first {last_p50 / first_p50:.2f}); "
+        f"p99 first {percentile(first, 0.99) * 1000:.2f} ms, last {percentile(last, 0.99) * 1000:.2f} ms"
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-s", "--sessions", type=int, default=100, help="concurrent sessions, one writer each (S)")
+    parser.add_argument("-a", "--adds", type=int, default=300, help="single-episode adds per session (A)")
+    parser.add_argument("-r", "--rounds", type=int, default=3, help="rounds; medians are reported")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument(
+        "--default-config",
+        action="store_true",
+        help="use SessionConfig() (window of 20, so the offline summarizer runs) instead of a large window",
+    )
+    parser.add_argument(
+        "--raw-id-index",
+        action="store_true",
+        help="give the raw table memengine's unique (session_id, id) index too",
+    )
+    parser.add_argument("--profile", action="store_true", help="afterwards, cProfile one extra memengine round")
+    args = parser.parse_args()
+    if min(args.sessions, args.adds, args.rounds) < 1:
+        parser.error("--sessions, --adds and --rounds must be at least 1")
+    return args
+
+
+if __name__ == "__main__":
+    main(parse_args())
