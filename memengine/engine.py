@@ -15,7 +15,7 @@ from .config import SessionConfig
 from .errors import EngineClosedError
 from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
-from .session.messages import ClientMessage
+from .session.messages import ClientMessage, Tick
 from .store.base import Store
 from .store.sqlite import open_sqlite_store
 from .summarizer.extractive import ExtractiveSummarizer
@@ -109,6 +109,19 @@ class Engine:
             if not self._closed and session_id not in self._actors:
                 self._activate(session_id)
 
+    async def _sweep_idle_sessions(self, passivate_after: float) -> None:
+        """Tick every active session a few times per ``passivate_after``.
+
+        A session that saw no client message for ``passivate_after`` seconds
+        (measured in ticks) passivates once its summarizer is idle.
+        """
+        interval = max(passivate_after / 4, 0.001)
+        while True:
+            await anyio.sleep(interval)
+            tick = Tick(anyio.current_time())
+            for actor in self._actors.values():
+                actor.mailbox.put(tick)
+
     def _close(self) -> None:
         self._closed = True
         self._tasks.cancel_scope.cancel()
@@ -158,6 +171,8 @@ async def open_engine(
             engine = Engine(services, tasks)
             if resume_pending_summaries:
                 tasks.start_soon(engine._resume_pending_summaries)
+            if config.passivate_after is not None:
+                tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)
             try:
                 yield engine
             finally:

@@ -85,3 +85,25 @@ class Episode:
         kw_only=True, factory=dict, converter=_copy_metadata, validator=_check_metadata, hash=False
     )
     seq: int | None = attrs.field(kw_only=True, default=None, validator=_check_seq)
+
+
+_FIELDS = tuple(field.name for field in attrs.fields(Episode))
+
+
+def stored_episode(
+    role: str, content: str, id: str, created_at: datetime, metadata: dict[str, Any], seq: int
+) -> Episode:
+    """An Episode from values that were validated before they were stored.
+
+    For the engine's own use (reading its store back, stamping a seq on an
+    episode it just stored): it skips the validators, which ran at the edge.
+    """
+    episode = object.__new__(Episode)
+    for name, value in zip(_FIELDS, (role, content, id, created_at, metadata, seq), strict=True):
+        object.__setattr__(episode, name, value)
+    return episode
+
+
+def with_seq(episode: Episode, seq: int) -> Episode:
+    """The same (already validated) episode, stamped with its stored seq."""
+    return stored_episode(episode.role, episode.content, episode.id, episode.created_at, episode.metadata, seq)

@@ -5,11 +5,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trio.testing import MockClock
 
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+def virtual_time_backends():
+    """Backends for tests about time: trio with a MockClock, asyncio in real time.
+
+    The MockClock jumps only after every task has waited 0.1 s of real time, so
+    it skips idle waits but not the moments the engine waits on its SQLite
+    thread (a threshold of 0 would age sessions during every commit).
+    """
+    return pytest.fixture(params=["asyncio", "trio"])(_virtual_time_backend)
+
+
+def _virtual_time_backend(request: pytest.FixtureRequest):
+    if request.param == "trio":
+        return ("trio", {"clock": MockClock(autojump_threshold=0.1)})
+    return "asyncio"
 
 
 @pytest.fixture

@@ -5,22 +5,18 @@ from __future__ import annotations
 import logging
 
 import pytest
-from trio.testing import MockClock
 
 from memengine import SessionConfig, open_engine
 
+from .conftest import virtual_time_backends
 from .fakes import FailingSummarizer, GatedSummarizer, RecordingSummarizer, add_each, covered, turns
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest):
-    # Retry delays are virtual under trio (MockClock jumps when every task waits);
-    # under asyncio the same tests run with delays scaled down to milliseconds.
-    if request.param == "trio":
-        return ("trio", {"clock": MockClock(autojump_threshold=0)})
-    return "asyncio"
+# Retry delays are virtual under trio (MockClock); under asyncio the same tests
+# run with the delays scaled down to milliseconds.
+anyio_backend = virtual_time_backends()
 
 
 @pytest.fixture

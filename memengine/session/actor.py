@@ -22,7 +22,6 @@ from ..actor.mailbox import Mailbox
 from ..actor.reply import Reply
 from ..config import SessionConfig
 from ..context import Context
-from ..episode import Episode
 from ..errors import EngineClosedError, MemEngineError, StoreError
 from ..store.base import SessionSnapshot, Store
 from ..summarizer.actor import SummarizeBatch, SummarizerActor
@@ -36,8 +35,9 @@ from .messages import (
     SessionMessage,
     SummaryFailed,
     SummaryStored,
+    Tick,
 )
-from .window import window_start
+from .window import RawWindow
 
 log = logging.getLogger("memengine.session")
 
@@ -67,15 +67,16 @@ class SessionActor:
         self._last_seq = 0
         self._summary: str | None = None
         self._summarized_through = 0
-        self._raw: list[Episode] = []  # live episodes after summarized_through, in order
-        self._evicted = 0  # raw[:evicted] left the window and await their summary
+        self._window = RawWindow(services.config.max_episodes, services.config.max_chars)
         # Summarizer bookkeeping.
         self._summary_in_flight = False
         self._retry_at: float | None = None
         self._waiters: list[tuple[int, Reply[Context]]] = []
         self._handling: SessionMessage | None = None
-        # Passivation.
-        self._last_activity = anyio.current_time()
+        # Passivation: decided from the engine's ticks, so the hot path reads no clock.
+        self._active_since_tick = True
+        self._quiet_since: float | None = None
+        self._idle_expired = False
         self._close_requested = False
 
     # -- lifecycle -----------------------------------------------------------
@@ -131,26 +132,17 @@ class SessionActor:
                 self._handling = None
             elif self._may_passivate():
                 return  # no await since take(): nothing can have arrived
+            elif self._retry_at is None:
+                await self.mailbox.wait_for_mail()
             else:
-                with anyio.CancelScope(deadline=self._next_deadline()):
+                with anyio.CancelScope(deadline=self._retry_at):
                     await self.mailbox.wait_for_mail()
-
-    def _next_deadline(self) -> float:
-        deadline = math.inf if self._retry_at is None else self._retry_at
-        if self._idle_for_summaries() and self._config.passivate_after is not None:
-            deadline = min(deadline, self._last_activity + self._config.passivate_after)
-        return deadline
 
     def _idle_for_summaries(self) -> bool:
         return not self._summary_in_flight and self._retry_at is None and not self._waiters
 
     def _may_passivate(self) -> bool:
-        if not self._idle_for_summaries():
-            return False
-        if self._close_requested:
-            return True
-        after = self._config.passivate_after
-        return after is not None and anyio.current_time() >= self._last_activity + after
+        return (self._close_requested or self._idle_expired) and self._idle_for_summaries()
 
     # -- message handlers ----------------------------------------------------
 
@@ -162,7 +154,11 @@ class SessionActor:
             case SummaryFailed():
                 self._on_summary_failed(message)
                 return
-        self._last_activity = anyio.current_time()
+            case Tick():
+                self._on_tick(message)
+                return
+        self._active_since_tick = True
+        self._idle_expired = False
         self._close_requested = False
         try:
             match message:
@@ -186,14 +182,15 @@ class SessionActor:
         results = await self._store.append_episodes(self.session_id, self._last_seq + 1, message.episodes)
         new = [episode for episode, is_new in results if is_new]
         if new:
-            self._raw.extend(new)
+            self._window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
-            self._evict()
+            self._dispatch_summary()
         message.reply.set(tuple(episode for episode, _ in results))
 
     def _on_read(self, message: ReadContext) -> None:
-        if message.wait_for_summary and self._evicted:
-            self._waiters.append((self._raw[self._evicted - 1].seq, message.reply))  # type: ignore[arg-type]
+        evicted_through = self._window.evicted_through
+        if message.wait_for_summary and evicted_through is not None:
+            self._waiters.append((evicted_through, message.reply))
         else:
             message.reply.set(self._context())
 
@@ -213,6 +210,14 @@ class SessionActor:
         self._close_requested = True
         message.reply.set(None)
 
+    def _on_tick(self, message: Tick) -> None:
+        after = self._config.passivate_after
+        if self._active_since_tick or self._quiet_since is None:
+            self._active_since_tick = False
+            self._quiet_since = message.now
+        elif after is not None and message.now - self._quiet_since >= after:
+            self._idle_expired = True
+
     def _on_summary_stored(self, message: SummaryStored) -> None:
         if message.generation != self._generation:
             return  # computed before a clear/delete; the store refused it too
@@ -221,11 +226,7 @@ class SessionActor:
             # Same generation yet refused: another writer changed the session.
             self._schedule_retry()
             return
-        covered = 0
-        while covered < len(self._raw) and self._raw[covered].seq <= message.through_seq:  # type: ignore[operator]
-            covered += 1
-        del self._raw[:covered]
-        self._evicted = max(0, self._evicted - covered)
+        self._window.drop_through(message.through_seq)
         self._summary = message.summary
         self._summarized_through = message.through_seq
         self._answer_waiters()
@@ -246,22 +247,16 @@ class SessionActor:
         self._last_seq = snapshot.last_seq
         self._summary = snapshot.summary
         self._summarized_through = snapshot.summarized_through
-        self._raw = list(snapshot.episodes)
-        self._evicted = 0
+        self._window.reset(snapshot.episodes)
         self._summary_in_flight = False
         self._retry_at = None
-        self._evict()
+        self._dispatch_summary()
         self._answer_waiters()
 
-    def _evict(self) -> None:
-        start = window_start(self._raw, self._config.max_episodes, self._config.max_chars)
-        self._evicted = max(self._evicted, start)
-        self._dispatch_summary()
-
     def _dispatch_summary(self) -> None:
-        if not self._evicted or self._summary_in_flight or self._retry_at is not None:
+        if not self._window.evicted or self._summary_in_flight or self._retry_at is not None:
             return
-        batch = tuple(self._raw[: min(self._evicted, self._config.summarize_batch_max)])
+        batch = tuple(self._window.pending[: self._config.summarize_batch_max])
         self._summarizer.submit(SummarizeBatch(self._generation, self._summary, batch))
         self._summary_in_flight = True
 
@@ -271,22 +266,24 @@ class SessionActor:
     def _answer_waiters(self) -> None:
         if not self._waiters:
             return
-        first_pending = self._raw[0].seq if self._evicted else math.inf
+        first_pending = self._window.raw[0].seq if self._window.evicted else math.inf
         still_waiting = []
         for target, reply in self._waiters:
             if first_pending > target:  # type: ignore[operator]
                 reply.set(self._context())
+                self._active_since_tick = True  # answering a client is activity
             else:
                 still_waiting.append((target, reply))
         self._waiters = still_waiting
 
     def _context(self) -> Context:
+        evicted_through = self._window.evicted_through
         return Context(
             session_id=self.session_id,
             summary=self._summary,
             summarized_through=self._summarized_through,
-            episodes=tuple(self._raw),
-            evicted_through=self._raw[self._evicted - 1].seq if self._evicted else self._summarized_through,  # type: ignore[arg-type]
+            episodes=tuple(self._window.raw),
+            evicted_through=self._summarized_through if evicted_through is None else evicted_through,
         )
 
 

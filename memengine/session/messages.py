@@ -1,7 +1,8 @@
 """Every message a session actor handles: one type per operation.
 
 Client messages carry a :class:`~memengine.actor.reply.Reply` the caller awaits.
-The summarizer child reports with :class:`SummaryStored` / :class:`SummaryFailed`.
+The summarizer child reports with :class:`SummaryStored` / :class:`SummaryFailed`;
+the engine's idle sweeper sends :class:`Tick`.
 """
 
 from __future__ import annotations
@@ -60,5 +61,12 @@ class SummaryFailed:
     error: BaseException
 
 
+@attrs.frozen(eq=False)
+class Tick:
+    """From the engine's idle sweeper: the time now, for deciding to passivate."""
+
+    now: float
+
+
 ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | CloseSession
-SessionMessage = ClientMessage | SummaryStored | SummaryFailed
+SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick

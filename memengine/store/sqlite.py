@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 
-from ..episode import Episode
+from ..episode import Episode, stored_episode, with_seq
 from ..errors import EngineClosedError, StoreError
 from .base import SessionRow, SessionSnapshot
 from .schema import migrate
@@ -57,6 +57,7 @@ class SQLiteStore:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._queue: list[_Submission] = []
+        self._queue_committed = anyio.Event()  # set once the queued batch is committed
         self._queue_filled = anyio.Event()
         self._closing = False
         self._thread_slot = anyio.CapacityLimiter(1)
@@ -68,8 +69,9 @@ class SQLiteStore:
             raise EngineClosedError("the store is closed")
         submission = _Submission(operation, writes)
         self._queue.append(submission)
+        committed = self._queue_committed
         self._queue_filled.set()
-        await submission.done.wait()
+        await committed.wait()
         if submission.error is not None:
             raise submission.error
         return submission.result  # type: ignore[no-any-return]
@@ -83,26 +85,36 @@ class SQLiteStore:
                 await self._queue_filled.wait()
                 continue
             batch, self._queue = self._queue, []
+            committed, self._queue_committed = self._queue_committed, anyio.Event()
             # Shielded: a transaction that started is finished and its callers answered.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._commit, batch, limiter=self._thread_slot)
-            for submission in batch:
-                submission.done.set()
+            committed.set()
 
     def _commit(self, batch: list[_Submission]) -> None:
-        """Run a batch of operations in one transaction (in the worker thread)."""
+        """Run a batch of operations in one transaction (in the worker thread).
+
+        First all together; if one of them fails, the transaction is rolled back
+        and the batch runs again with a savepoint around each operation, so only
+        the failing one is refused.
+        """
+        if not self._transaction(batch, isolate=False):
+            self._transaction(batch, isolate=True)
+
+    def _transaction(self, batch: list[_Submission], *, isolate: bool) -> bool:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             for submission in batch:
                 submission.error = StoreError(f"could not begin a transaction: {exc}")
-            return
+            return True
         for submission in batch:
-            if not submission.writes:
-                self._run_one(submission)
+            if not isolate or not submission.writes:
+                if not self._run_one(submission) and not isolate:
+                    conn.execute("ROLLBACK")
+                    return False
                 continue
-            # A savepoint per operation: one failing operation rolls back alone.
             conn.execute("SAVEPOINT operation")
             if self._run_one(submission):
                 conn.execute("RELEASE operation")
@@ -117,8 +129,10 @@ class SQLiteStore:
             for submission in batch:
                 submission.result = None
                 submission.error = StoreError(f"commit failed, nothing was stored: {exc}")
+        return True
 
     def _run_one(self, submission: _Submission) -> bool:
+        submission.error = None
         try:
             submission.result = submission.operation(self._conn)
         except sqlite3.Error as exc:
@@ -141,8 +155,7 @@ class SQLiteStore:
     async def append_episodes(
         self, session_id: str, first_seq: int, episodes: Sequence[Episode]
     ) -> tuple[tuple[Episode, bool], ...]:
-        rows = [_episode_row(episode) for episode in episodes]
-        return await self._submit(lambda conn: _append(conn, session_id, first_seq, rows))
+        return await self._submit(lambda conn: _append(conn, session_id, first_seq, episodes))
 
     async def store_summary(self, session_id: str, generation: int, through_seq: int, summary: str) -> bool:
         now = datetime.now(UTC).isoformat()
@@ -225,46 +238,32 @@ class SQLiteStore:
         return await self._submit(query, writes=False)
 
 
-def _episode_row(episode: Episode) -> tuple[str, str, str, str, str]:
-    return (
-        episode.id,
-        episode.role,
-        episode.content,
-        episode.created_at.isoformat(),
-        json.dumps(episode.metadata, allow_nan=False, ensure_ascii=False),
-    )
-
-
 def _episode_from_row(row: tuple[int, str, str, str, str, str]) -> Episode:
     seq, episode_id, role, content, created_at, metadata = row
-    return Episode(
-        role,
-        content,
-        id=episode_id,
-        created_at=datetime.fromisoformat(created_at),
-        metadata=json.loads(metadata),
-        seq=seq,
-    )
+    return stored_episode(role, content, episode_id, datetime.fromisoformat(created_at), json.loads(metadata), seq)
 
 
 def _append(
-    conn: sqlite3.Connection, session_id: str, first_seq: int, rows: list[tuple[str, str, str, str, str]]
+    conn: sqlite3.Connection, session_id: str, first_seq: int, episodes: Sequence[Episode]
 ) -> tuple[tuple[Episode, bool], ...]:
-    conn.execute("INSERT OR IGNORE INTO sessions (session_id) VALUES (?)", (session_id,))
+    if first_seq == 1:
+        # A session's row exists once it has stored anything (or was cleared).
+        conn.execute("INSERT OR IGNORE INTO sessions (session_id) VALUES (?)", (session_id,))
     results: list[tuple[Episode, bool]] = []
     seq = first_seq
-    for row in rows:
+    for episode in episodes:
+        metadata = json.dumps(episode.metadata, allow_nan=False, ensure_ascii=False) if episode.metadata else "{}"
         inserted = conn.execute(
             "INSERT OR IGNORE INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (session_id, seq, *row),
+            (session_id, seq, episode.id, episode.role, episode.content, episode.created_at.isoformat(), metadata),
         ).rowcount
         if inserted:
-            results.append((_episode_from_row((seq, *row)), True))
+            results.append((with_seq(episode, seq), True))
             seq += 1
             continue
         existing = conn.execute(
-            f"SELECT {_EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND id = ?", (session_id, row[0])
+            f"SELECT {_EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND id = ?", (session_id, episode.id)
         ).fetchone()
         if existing is None:
             # The id is new, so the seq itself was taken: the caller's idea of
