@@ -92,7 +92,7 @@ async def test_messages_racing_passivation_keep_order(db_path, stored, monkeypat
             (episode,) = await session.add([Episode("user", f"{name} {i}")])
             acknowledged.setdefault(name, []).append(episode.seq)
             if i % 7 == 0:
-                await anyio.sleep(0.003)  # long enough for the session to passivate
+                await anyio.sleep(0.02)  # long enough for the session to passivate
 
     activations = 0
     activate = Engine._activate
@@ -107,7 +107,7 @@ async def test_messages_racing_passivation_keep_order(db_path, stored, monkeypat
         async with anyio.create_task_group() as writers:
             for n in range(6):
                 writers.start_soon(writer, engine, f"w{n % 3}")
-    assert activations > 10  # the sessions really did passivate and come back, many times
+    assert activations > 6  # the sessions really did passivate and come back, several times
     for name, seqs in acknowledged.items():
         assert sorted(seqs) == list(range(1, 121))
         assert [seq for seq, _ in stored.episodes(name)] == list(range(1, 121))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -38,9 +40,20 @@ def test_errors_form_one_hierarchy() -> None:
 
 def test_episode_defaults() -> None:
     episode = Episode("user", "hello")
-    assert len(episode.id) == 32 and episode.seq is None and episode.metadata == {}
+    assert episode.seq is None and episode.metadata == {}
     assert episode.created_at.tzinfo is not None
     assert Episode("user", "hello").id != episode.id
+
+
+def test_default_ids_are_uuid7_in_time_order() -> None:
+    ids = [Episode("user", "x").id for _ in range(2000)]
+    assert len(set(ids)) == 2000
+    parsed = [uuid.UUID(hex=i) for i in ids]
+    assert {(u.version, u.variant) for u in parsed} == {(7, uuid.RFC_4122)}
+    # The leading 48 bits are the creation time in milliseconds: never decreasing.
+    stamps = [u.int >> 80 for u in parsed]
+    assert stamps == sorted(stamps)
+    assert abs(stamps[-1] - time.time() * 1000) < 60_000
 
 
 @pytest.mark.parametrize(

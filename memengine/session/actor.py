@@ -10,6 +10,7 @@ summary computed before them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -22,8 +23,9 @@ from ..actor.mailbox import Mailbox
 from ..actor.reply import Reply
 from ..config import SessionConfig
 from ..context import Context
+from ..episode import Episode
 from ..errors import EngineClosedError, MemEngineError, StoreError
-from ..store.base import SessionSnapshot, Store
+from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizeBatch, SummarizerActor
 from ..summarizer.protocol import Summarizer
 from .messages import (
@@ -73,6 +75,8 @@ class SessionActor:
         self._retry_at: float | None = None
         self._waiters: list[tuple[int, Reply[Context]]] = []
         self._handling: SessionMessage | None = None
+        self._append_in_flight = False
+        self._append_settled: anyio.Event | None = None  # made only when a second append must wait
         # Passivation: decided from the engine's ticks, so the hot path reads no clock.
         self._active_since_tick = True
         self._quiet_since: float | None = None
@@ -138,11 +142,16 @@ class SessionActor:
                 with anyio.CancelScope(deadline=self._retry_at):
                     await self.mailbox.wait_for_mail()
 
-    def _idle_for_summaries(self) -> bool:
-        return not self._summary_in_flight and self._retry_at is None and not self._waiters
+    def _has_work_in_flight(self) -> bool:
+        return (
+            self._summary_in_flight
+            or self._retry_at is not None
+            or bool(self._waiters)
+            or self._append_in_flight
+        )
 
     def _may_passivate(self) -> bool:
-        return (self._close_requested or self._idle_expired) and self._idle_for_summaries()
+        return (self._close_requested or self._idle_expired) and not self._has_work_in_flight()
 
     # -- message handlers ----------------------------------------------------
 
@@ -179,13 +188,39 @@ class SessionActor:
             message.reply.fail(exc)
 
     async def _on_add(self, message: AddEpisodes) -> None:
-        results = await self._store.append_episodes(self.session_id, self._last_seq + 1, message.episodes)
+        # The handler does not wait for the commit, so the actor goes on with
+        # its mailbox; a second append waits for the first, whose seqs it follows.
+        while self._append_in_flight:
+            if self._append_settled is None:
+                self._append_settled = anyio.Event()
+            await self._append_settled.wait()
+        self._append_in_flight = True
+        self._store.submit_append(
+            self.session_id, self._last_seq + 1, message.episodes, functools.partial(self._appended, message.reply)
+        )
+
+    def _appended(
+        self, reply: Reply[tuple[Episode, ...]], results: AppendResult | None, error: BaseException | None
+    ) -> None:
+        """Completion of an append, run by the store on the event loop right after its commit.
+
+        It is this actor's code, run synchronously between two of the actor's
+        own steps (all on one event loop), and no other append of this session
+        is in flight; the caller is answered only now that its rows are stored.
+        """
+        self._append_in_flight = False
+        settled, self._append_settled = self._append_settled, None
+        if settled is not None:
+            settled.set()
+        if results is None:
+            reply.fail(error or StoreError("the append was not stored"))
+            return
         new = [episode for episode, is_new in results if is_new]
         if new:
             self._window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
             self._dispatch_summary()
-        message.reply.set(tuple(episode for episode, _ in results))
+        reply.set(tuple(episode for episode, _ in results))
 
     def _on_read(self, message: ReadContext) -> None:
         evicted_through = self._window.evicted_through

@@ -2,18 +2,29 @@
 
 A session is event-sourced: an append-only journal of episodes keyed by
 ``(session_id, seq)`` plus summary snapshots keyed by ``(session_id,
-through_seq)``. Each method is one transaction. If the caller is cancelled
-while waiting, the operation may still complete.
+through_seq)``. Each method is one operation of a transaction, run in the
+order submitted. If the caller is cancelled while waiting, the operation may
+still complete.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import attrs
 
 from ..episode import Episode
+
+T = TypeVar("T")
+
+#: Called on the event loop once an operation's transaction has ended:
+#: ``(result, None)`` after it committed, ``(None, error)`` if nothing was stored.
+Completion = Callable[[T | None, BaseException | None], None]
+
+#: For each episode given to an append, in order: the stored episode (with its
+#: seq; for an id already stored, the earlier row) and whether it is new.
+AppendResult = tuple[tuple[Episode, bool], ...]
 
 
 @attrs.frozen
@@ -48,14 +59,14 @@ class Store(Protocol):
     async def load_session(self, session_id: str) -> SessionSnapshot:
         """The session's latest summary and the live episodes after it."""
 
-    async def append_episodes(
-        self, session_id: str, first_seq: int, episodes: Sequence[Episode]
-    ) -> tuple[tuple[Episode, bool], ...]:
-        """Store episodes with seqs from ``first_seq`` on, skipping ids already stored.
+    def submit_append(
+        self, session_id: str, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
+    ) -> None:
+        """Queue storing episodes with seqs from ``first_seq`` on, skipping ids already stored.
 
-        Returns, for each given episode in order, the stored episode (with its
-        seq; for an id already stored, the earlier row) and whether it is new.
-        Committed when this returns.
+        Does not wait: ``done`` is called on the event loop once the transaction
+        holding the append has committed (or failed), before any operation
+        queued after it completes. Operations run in the order submitted.
         """
 
     async def store_summary(self, session_id: str, generation: int, through_seq: int, summary: str) -> bool:

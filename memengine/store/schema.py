@@ -41,7 +41,9 @@ def _create_journal(db: sqlite_utils.Database) -> None:
         pk=("session_id", "seq"),
         not_null={"id", "role", "content", "created_at", "metadata"},
     )
-    db["episodes"].create_index(["session_id", "id"], index_name="episodes_by_id", unique=True)  # type: ignore[union-attr]
+    # Idempotency of add, per session. The id leads: default ids are time-ordered,
+    # so new entries land at the index's right edge rather than on random pages.
+    db["episodes"].create_index(["id", "session_id"], index_name="episodes_by_id", unique=True)  # type: ignore[union-attr]
     db["summaries"].create(  # type: ignore[union-attr]
         {
             "session_id": str,

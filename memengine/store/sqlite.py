@@ -10,7 +10,9 @@ time (never two threads on the connection at once).
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,26 +25,37 @@ import anyio.abc
 
 from ..episode import Episode, stored_episode, with_seq
 from ..errors import EngineClosedError, StoreError
-from .base import SessionRow, SessionSnapshot
+from .base import AppendResult, Completion, SessionRow, SessionSnapshot
 from .schema import migrate
 
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], T]
+log = logging.getLogger("memengine.store")
 
 _EPISODE_COLUMNS = "seq, id, role, content, created_at, metadata"
+
+
+_Append = tuple[str, int, Sequence[Episode]]  # session_id, first_seq, episodes
 
 
 class _Submission:
     """One operation waiting for its transaction."""
 
-    __slots__ = ("done", "error", "operation", "result", "writes")
+    __slots__ = ("append", "done", "error", "operation", "result", "writes")
 
-    def __init__(self, operation: Operation[Any], writes: bool) -> None:
+    def __init__(
+        self,
+        operation: Operation[Any],
+        writes: bool,
+        done: Completion[Any] | None = None,
+        append: _Append | None = None,
+    ) -> None:
         self.operation = operation
         self.writes = writes
+        self.done = done
+        self.append = append  # set for appends, which can also run together (see _append_run)
         self.result: Any = None
         self.error: BaseException | None = None
-        self.done = anyio.Event()
 
 
 class SQLiteStore:
@@ -64,14 +77,17 @@ class SQLiteStore:
 
     # -- the committer -------------------------------------------------------
 
-    async def _submit(self, operation: Operation[T], *, writes: bool = True) -> T:
+    def _enqueue(self, submission: _Submission) -> anyio.Event:
+        """Queue an operation for the next transaction; the event is set once it committed."""
         if self._closing:
             raise EngineClosedError("the store is closed")
-        submission = _Submission(operation, writes)
         self._queue.append(submission)
-        committed = self._queue_committed
         self._queue_filled.set()
-        await committed.wait()
+        return self._queue_committed
+
+    async def _submit(self, operation: Operation[T], *, writes: bool = True) -> T:
+        submission = _Submission(operation, writes)
+        await self._enqueue(submission).wait()
         if submission.error is not None:
             raise submission.error
         return submission.result  # type: ignore[no-any-return]
@@ -89,6 +105,12 @@ class SQLiteStore:
             # Shielded: a transaction that started is finished and its callers answered.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._commit, batch, limiter=self._thread_slot)
+            for submission in batch:
+                if submission.done is not None:
+                    try:
+                        submission.done(submission.result, submission.error)
+                    except Exception:
+                        log.exception("a store completion callback failed")
             committed.set()
 
     def _commit(self, batch: list[_Submission]) -> None:
@@ -109,7 +131,19 @@ class SQLiteStore:
             for submission in batch:
                 submission.error = StoreError(f"could not begin a transaction: {exc}")
             return True
-        for submission in batch:
+        index = 0
+        while index < len(batch):
+            submission = batch[index]
+            if not isolate and submission.append is not None:
+                end = index + 1
+                while end < len(batch) and batch[end].append is not None:
+                    end += 1
+                if not self._append_run(batch[index:end]):
+                    conn.execute("ROLLBACK")
+                    return False
+                index = end
+                continue
+            index += 1
             if not isolate or not submission.writes:
                 if not self._run_one(submission) and not isolate:
                     conn.execute("ROLLBACK")
@@ -130,6 +164,43 @@ class SQLiteStore:
                 submission.result = None
                 submission.error = StoreError(f"commit failed, nothing was stored: {exc}")
         return True
+
+    def _append_run(self, run: list[_Submission]) -> bool:
+        """Store consecutive appends (of different sessions) with one statement.
+
+        Seqs are numbered on the assumption that no id is already stored; if
+        the row count shows otherwise, the run is undone and each append takes
+        the row-by-row path, which skips stored ids.
+        """
+        conn = self._conn
+        rows = []
+        first_appends = []
+        for submission in run:
+            session_id, first_seq, episodes = submission.append  # type: ignore[misc]
+            if first_seq == 1:
+                first_appends.append((session_id,))
+            rows.extend(_episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq))
+        conn.execute("SAVEPOINT appends")
+        try:
+            if first_appends:
+                conn.executemany(_INSERT_SESSION, first_appends)
+            before = conn.total_changes
+            conn.executemany(_INSERT_EPISODE, rows)
+            all_new = conn.total_changes - before == len(rows)
+        except sqlite3.Error:
+            all_new = False
+        if all_new:
+            conn.execute("RELEASE appends")
+            for submission in run:
+                _, first_seq, episodes = submission.append  # type: ignore[misc]
+                submission.result = tuple(
+                    (with_seq(episode, seq), True) for seq, episode in enumerate(episodes, first_seq)
+                )
+                submission.error = None
+            return True
+        conn.execute("ROLLBACK TO appends")
+        conn.execute("RELEASE appends")
+        return all([self._run_one(submission) for submission in run])
 
     def _run_one(self, submission: _Submission) -> bool:
         submission.error = None
@@ -152,10 +223,11 @@ class SQLiteStore:
     async def load_session(self, session_id: str) -> SessionSnapshot:
         return await self._submit(lambda conn: _load(conn, session_id), writes=False)
 
-    async def append_episodes(
-        self, session_id: str, first_seq: int, episodes: Sequence[Episode]
-    ) -> tuple[tuple[Episode, bool], ...]:
-        return await self._submit(lambda conn: _append(conn, session_id, first_seq, episodes))
+    def submit_append(
+        self, session_id: str, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
+    ) -> None:
+        operation = functools.partial(_append, session_id=session_id, first_seq=first_seq, episodes=episodes)
+        self._enqueue(_Submission(operation, True, done, (session_id, first_seq, episodes)))
 
     async def store_summary(self, session_id: str, generation: int, through_seq: int, summary: str) -> bool:
         now = datetime.now(UTC).isoformat()
@@ -243,22 +315,27 @@ def _episode_from_row(row: tuple[int, str, str, str, str, str]) -> Episode:
     return stored_episode(role, content, episode_id, datetime.fromisoformat(created_at), json.loads(metadata), seq)
 
 
-def _append(
-    conn: sqlite3.Connection, session_id: str, first_seq: int, episodes: Sequence[Episode]
-) -> tuple[tuple[Episode, bool], ...]:
+_INSERT_SESSION = "INSERT OR IGNORE INTO sessions (session_id) VALUES (?)"
+_INSERT_EPISODE = (
+    "INSERT OR IGNORE INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _episode_row(session_id: str, seq: int, episode: Episode) -> tuple[str, int, str, str, str, str, str]:
+    metadata = json.dumps(episode.metadata, allow_nan=False, ensure_ascii=False) if episode.metadata else "{}"
+    return (session_id, seq, episode.id, episode.role, episode.content, episode.created_at.isoformat(), metadata)
+
+
+def _append(conn: sqlite3.Connection, session_id: str, first_seq: int, episodes: Sequence[Episode]) -> AppendResult:
+    """Store episodes one by one, skipping (and returning) those whose id is already stored."""
     if first_seq == 1:
         # A session's row exists once it has stored anything (or was cleared).
-        conn.execute("INSERT OR IGNORE INTO sessions (session_id) VALUES (?)", (session_id,))
+        conn.execute(_INSERT_SESSION, (session_id,))
     results: list[tuple[Episode, bool]] = []
     seq = first_seq
     for episode in episodes:
-        metadata = json.dumps(episode.metadata, allow_nan=False, ensure_ascii=False) if episode.metadata else "{}"
-        inserted = conn.execute(
-            "INSERT OR IGNORE INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (session_id, seq, episode.id, episode.role, episode.content, episode.created_at.isoformat(), metadata),
-        ).rowcount
-        if inserted:
+        if conn.execute(_INSERT_EPISODE, _episode_row(session_id, seq, episode)).rowcount:
             results.append((with_seq(episode, seq), True))
             seq += 1
             continue
