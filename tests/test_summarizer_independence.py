@@ -98,3 +98,18 @@ async def test_wait_for_summary_with_nothing_evicted_answers_at_once(db_path) ->
             context = await session.context(wait_for_summary=True)
         assert [e.seq for e in context.episodes] == [1, 2, 3]
         assert summarizer.calls == []
+
+
+async def test_summaries_in_flight_are_capped_engine_wide(db_path) -> None:
+    summarizer = GatedSummarizer()
+    async with open_engine(db_path, summarizer=summarizer, config=SMALL_WINDOW, max_concurrent_summaries=3) as engine:
+        for n in range(8):
+            await add_each(engine.session(f"s{n}"), turns(4))
+        await summarizer.wait_until_called(3)
+        await anyio.wait_all_tasks_blocked()
+        assert len(summarizer.calls) == 3  # five sessions wait for a slot
+        summarizer.release()
+        for n in range(8):
+            context = await engine.session(f"s{n}").context(wait_for_summary=True)
+            assert covered(context.summary) == ["turn 1"]
+        assert len(summarizer.calls) == 8

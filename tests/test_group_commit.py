@@ -1,0 +1,54 @@
+"""The store commits concurrent writes together, and one failing write fails alone."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from memengine import Episode, StoreError, open_engine
+from memengine.store.sqlite import open_sqlite_store
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_concurrent_adds_share_transactions(db_path, stored) -> None:
+    statements: list[str] = []
+    async with open_engine(db_path) as engine:
+        sessions = [engine.session(f"s{n}") for n in range(50)]
+        for session in sessions:
+            await session.context()  # activate first: count only the adds' transactions
+        engine.store._conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        async with anyio.create_task_group() as writers:
+            for session in sessions:
+                writers.start_soon(session.add, [Episode("user", f"hello from {session.id}")])
+        engine.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    commits = [s for s in statements if s == "COMMIT"]
+    assert 1 <= len(commits) <= 5  # 50 adds, a handful of transactions
+    assert stored.query("SELECT count(*) FROM episodes") == [(50,)]
+
+
+async def test_a_failing_write_fails_alone(db_path, stored) -> None:
+    outcomes: dict[str, object] = {}
+
+    def record(name: str):
+        def done(result, error) -> None:
+            outcomes[name] = error if error is not None else [e.seq for e, _ in result]
+
+        return done
+
+    async with open_sqlite_store(db_path) as store:
+        store.submit_append("a", 1, [Episode("user", "a1", id="first")], record("a1"))
+        await store.load_session("a")  # a1 committed
+        # Submitted together, so they share one transaction: a stale seq for "a" fails,
+        # the other two appends must still be stored.
+        store.submit_append("b", 1, [Episode("user", "b1")], record("b1"))
+        store.submit_append("a", 1, [Episode("user", "a-stale", id="second")], record("stale"))
+        store.submit_append("c", 1, [Episode("user", "c1")], record("c1"))
+        await store.load_session("c")
+    assert outcomes["a1"] == [1] and outcomes["b1"] == [1] and outcomes["c1"] == [1]
+    assert isinstance(outcomes["stale"], StoreError)
+    assert stored.query("SELECT session_id, content FROM episodes ORDER BY session_id") == [
+        ("a", "a1"),
+        ("b", "b1"),
+        ("c", "c1"),
+    ]
