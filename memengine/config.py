@@ -37,7 +37,8 @@ class SessionConfig:
     exponential backoff (starting at ``summarize_backoff``, capped at
     ``summarize_backoff_max``, with jitter), then the batch stays pending and is
     tried again ``summarize_retry_later`` seconds later. ``summarize_batch_max``
-    caps how many episodes go into one summarizer call.
+    caps how many episodes go into one summarizer call. The ``retain_*``
+    settings do the same for deliveries to the retain sink.
     """
 
     max_episodes: int = attrs.field(default=20, validator=_positive_int)
@@ -49,3 +50,7 @@ class SessionConfig:
     summarize_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)
     summarize_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
     summarize_batch_max: int = attrs.field(default=200, validator=_positive_int)
+    retain_attempts: int = attrs.field(default=5, validator=_positive_int)
+    retain_backoff: float = attrs.field(default=0.5, validator=_positive_seconds)
+    retain_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)
+    retain_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)

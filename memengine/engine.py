@@ -6,17 +6,18 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 import anyio.abc
 
 from .config import SessionConfig
 from .errors import EngineClosedError
-from .session.actor import SessionActor, SessionServices
+from .retain.batch import RetainMode, RetainSink
+from .retain.delivery import RetainDelivery, RetainMetrics
+from .session.actor import RetainPlan, SessionActor, SessionServices
 from .session.handle import Session
 from .session.messages import ClientMessage, Tick
-from .store.base import Store
+from .store.base import Recalled, Store
 from .store.sqlite import open_sqlite_store
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.protocol import Summarizer
@@ -34,9 +35,12 @@ class Engine:
     idle for ``SessionConfig.passivate_after`` seconds or closed.
     """
 
-    def __init__(self, services: SessionServices, tasks: anyio.abc.TaskGroup) -> None:
+    def __init__(
+        self, services: SessionServices, tasks: anyio.abc.TaskGroup, delivery: RetainDelivery | None = None
+    ) -> None:
         self._services = services
         self._tasks = tasks
+        self._delivery = delivery
         self._actors: dict[str, SessionActor] = {}
         self._closed = False
 
@@ -55,6 +59,33 @@ class Engine:
 
     def is_active(self, session_id: str) -> bool:
         return session_id in self._actors
+
+    async def recall(self, query: str, *, session_id: str | None = None, limit: int = 10) -> list[Recalled]:
+        """Full-text search over every stored episode (all sessions, or one), best match first.
+
+        Matches any word of ``query`` (ranked by bm25); returns at most ``limit``
+        hits, each with its session id. Deleted and cleared episodes are never
+        found. Works with or without a retain sink. A checkpoint; if cancelled,
+        nothing changes.
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, not {type(query).__name__}")
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if session_id is not None:
+            self.session(session_id)  # the same validation as a handle
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        return await self._services.store.recall(query, session_id, limit)
+
+    async def retain_metrics(self) -> RetainMetrics:
+        """Outbox depth, age of the oldest undelivered batch, deliveries and failures so far."""
+        if self._delivery is not None:
+            return await self._delivery.metrics()
+        outbox = await self._services.store.outbox_state()
+        return RetainMetrics(outbox.depth, None if outbox.oldest_created_at is None else 0.0, 0, 0)
 
     def session(self, session_id: str) -> Session:
         """A handle on the session ``session_id``. Does no I/O.
@@ -132,10 +163,11 @@ async def open_engine(
     path: str | os.PathLike[str] = "memengine.db",
     *,
     summarizer: Summarizer | None = None,
-    retain_sink: Any = None,
+    retain_sink: RetainSink | None = None,
     config: SessionConfig | None = None,
     max_concurrent_summaries: int = 16,
     resume_pending_summaries: bool = True,
+    retain_grace: float = 5.0,
 ) -> AsyncIterator[Engine]:
     """Open the store at ``path`` and run an engine for the block's duration.
 
@@ -145,13 +177,18 @@ async def open_engine(
     sessions. With ``resume_pending_summaries`` (default), sessions left with
     unsummarized evicted episodes by an earlier run are summarized now.
 
+    With a ``retain_sink``, every ``config.retain_every`` new episodes of a
+    session are handed on to it, and the partial batch at every boundary
+    (``close()``, passivation, leaving this block), exactly once and in order
+    per session. Batches a crashed run left behind are delivered at start.
+
     Leaving the block stops every session actor and summarizer: an operation
     already committed stays committed, a summary not yet stored is computed
     again on the next start, and callers still waiting get
-    :class:`EngineClosedError`.
+    :class:`EngineClosedError`. Delivery to the retain sink then gets up to
+    ``retain_grace`` seconds; what is left stays in the outbox for the next
+    start.
     """
-    if retain_sink is not None:
-        raise NotImplementedError("retain sinks (hand-off to long-term memory) are not available in this version")
     if config is None:
         config = SessionConfig()
     elif not isinstance(config, SessionConfig):
@@ -164,16 +201,45 @@ async def open_engine(
         raise TypeError("max_concurrent_summaries must be an int")
     if max_concurrent_summaries < 1:
         raise ValueError("max_concurrent_summaries must be at least 1")
+    mode = _retain_mode(retain_sink)
+    if isinstance(retain_grace, bool) or not isinstance(retain_grace, (int, float)) or not retain_grace >= 0:
+        raise ValueError(f"retain_grace must be a number of seconds >= 0, not {retain_grace!r}")
 
-    async with open_sqlite_store(path) as store:
-        services = SessionServices(store, summarizer, config, anyio.CapacityLimiter(max_concurrent_summaries))
-        async with anyio.create_task_group() as tasks:
-            engine = Engine(services, tasks)
-            if resume_pending_summaries:
-                tasks.start_soon(engine._resume_pending_summaries)
-            if config.passivate_after is not None:
-                tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)
-            try:
-                yield engine
-            finally:
-                engine._close()
+    async with open_sqlite_store(path) as store, anyio.create_task_group() as background:
+        delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, mode, config)
+        plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
+        services = SessionServices(store, summarizer, config, anyio.CapacityLimiter(max_concurrent_summaries), plan)
+        if delivery is not None:
+            # A crashed run's sessions never reached their exit boundary: hand on their tails now.
+            await store.enqueue_all_retains(mode)
+            background.start_soon(delivery.run)
+        try:
+            async with anyio.create_task_group() as tasks:
+                engine = Engine(services, tasks, delivery)
+                if resume_pending_summaries:
+                    tasks.start_soon(engine._resume_pending_summaries)
+                if config.passivate_after is not None:
+                    tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)
+                try:
+                    yield engine
+                finally:
+                    engine._close()
+        finally:
+            # Every session actor has stopped. Leaving is a boundary for them
+            # all; then the sink gets a bounded grace period.
+            with anyio.CancelScope(shield=True):
+                if delivery is not None:
+                    await store.enqueue_all_retains(mode)
+                    await delivery.drain(retain_grace)
+            background.cancel_scope.cancel()
+
+
+def _retain_mode(sink: object) -> RetainMode:
+    if sink is None:
+        return "append"
+    if not callable(getattr(sink, "retain", None)):
+        raise TypeError("retain_sink must have an async retain(batch) method")
+    mode = getattr(sink, "mode", "append")
+    if mode not in ("append", "replace"):
+        raise ValueError(f"retain_sink.mode must be 'append' or 'replace', not {mode!r}")
+    return mode  # type: ignore[no-any-return]

@@ -1,8 +1,9 @@
 """A child process for the crash tests: adds episodes, reports each acknowledgement, then hangs.
 
-Usage: python -m tests.crash_worker DB SESSION COUNT
+Usage: python -m tests.crash_worker DB SESSION COUNT [RETAIN_EVERY]
 It prints "ack <seq>" after each add returns and "blocked" once the summarizer
-is stuck mid-call, then waits forever (to be killed with SIGKILL).
+is stuck mid-call, then waits forever (to be killed with SIGKILL). With
+RETAIN_EVERY, it hands batches to a retain sink that never returns.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ class StuckSummarizer:
         raise AssertionError("unreachable")
 
 
-async def main(path: str, session_id: str, count: int) -> None:
-    async with open_engine(path, summarizer=StuckSummarizer(), config=SessionConfig(max_episodes=3)) as engine:
+class StuckSink:
+    async def retain(self, batch: object) -> None:
+        await anyio.sleep_forever()
+
+
+async def main(path: str, session_id: str, count: int, retain_every: int | None) -> None:
+    config = SessionConfig(max_episodes=3, retain_every=retain_every or 20)
+    sink = StuckSink() if retain_every else None
+    async with open_engine(path, summarizer=StuckSummarizer(), retain_sink=sink, config=config) as engine:
         session = engine.session(session_id)
         for i in range(1, count + 1):
             (episode,) = await session.add([Episode("user", f"turn {i}")])
@@ -32,4 +40,5 @@ async def main(path: str, session_id: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    retain_every = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    anyio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), retain_every)

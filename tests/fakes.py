@@ -88,3 +88,43 @@ def turns(count: int, start: int = 1, prefix: str = "turn") -> list[Episode]:
 async def add_each(session, episodes: Sequence[Episode]) -> None:
     for episode in episodes:
         await session.add([episode])
+
+
+class RecordingSink:
+    """A retain sink that records every batch it accepts."""
+
+    def __init__(self, mode: str = "append", failures: int = 0) -> None:
+        self.mode = mode
+        self.failures = failures
+        self.calls = 0
+        self.batches: list = []
+        self._arrived: anyio.Event | None = None
+
+    async def retain(self, batch) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError(f"sink unavailable (call {self.calls})")
+        self.batches.append(batch)
+        if self._arrived is not None:
+            self._arrived.set()
+
+    async def wait_for(self, count: int) -> None:
+        while len(self.batches) < count:
+            self._arrived = anyio.Event()
+            await self._arrived.wait()
+
+    def delivered_contents(self) -> list[str]:
+        return [episode.content for batch in self.batches for episode in batch.episodes]
+
+
+class StuckSink:
+    """A retain sink that never returns."""
+
+    mode = "append"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def retain(self, batch) -> None:
+        self.calls += 1
+        await anyio.sleep_forever()

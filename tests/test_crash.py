@@ -12,19 +12,19 @@ import pytest
 
 from memengine import SessionConfig, open_engine
 
-from .fakes import RecordingSummarizer, covered
+from .fakes import RecordingSink, RecordingSummarizer, covered
 
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_until_killed(db_path: Path, session_id: str, count: int) -> list[int]:
+def run_until_killed(db_path: Path, session_id: str, count: int, *extra: str) -> list[int]:
     """Start the worker, kill -9 it once every add is acknowledged and the summarizer is stuck."""
     acknowledged: list[int] = []
     blocked = False
     with subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_worker", str(db_path), session_id, str(count)],
+        [sys.executable, "-m", "tests.crash_worker", str(db_path), session_id, str(count), *extra],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -59,3 +59,18 @@ async def test_kill_9_mid_summary_loses_nothing_acknowledged(db_path, stored) ->
     assert covered(context.summary) + [e.content for e in context.episodes] == [f"turn {i}" for i in range(1, 26)]
     assert context.summarized_through == 22
     assert stored.summaries("victim")[-1][0] == 22
+
+
+async def test_kill_9_before_delivery_then_restart_delivers_every_turn_once(db_path, stored) -> None:
+    acknowledged = run_until_killed(db_path, "victim", 8, "3")
+    assert acknowledged == list(range(1, 9))
+    # Two full batches were in the outbox; nothing was delivered (the sink never returned).
+    assert stored.query("SELECT first_seq, last_seq FROM retain_outbox ORDER BY id") == [(1, 3), (4, 6)]
+
+    sink = RecordingSink()
+    config = SessionConfig(max_episodes=3, retain_every=3)
+    async with open_engine(db_path, summarizer=RecordingSummarizer(), retain_sink=sink, config=config):
+        await sink.wait_for(3)  # the two batches, and the tail the crash never flushed
+    assert sink.delivered_contents() == [f"turn {i}" for i in range(1, 9)]
+    assert [(b.first_seq, b.last_seq) for b in sink.batches] == [(1, 3), (4, 6), (7, 8)]
+    assert stored.query("SELECT count(*) FROM retain_outbox") == [(0,)]

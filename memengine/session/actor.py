@@ -25,6 +25,8 @@ from ..config import SessionConfig
 from ..context import Context
 from ..episode import Episode
 from ..errors import EngineClosedError, MemEngineError, StoreError
+from ..retain.batch import RetainMode
+from ..retain.delivery import RetainDelivery
 from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizeBatch, SummarizerActor
 from ..summarizer.protocol import Summarizer
@@ -45,6 +47,15 @@ log = logging.getLogger("memengine.session")
 
 
 @attrs.frozen
+class RetainPlan:
+    """How sessions hand their episodes on to long-term memory (absent without a sink)."""
+
+    mode: RetainMode
+    every: int
+    delivery: RetainDelivery
+
+
+@attrs.frozen
 class SessionServices:
     """What every session actor of one engine shares."""
 
@@ -52,6 +63,7 @@ class SessionServices:
     summarizer: Summarizer
     config: SessionConfig
     summary_slots: anyio.CapacityLimiter
+    retain: RetainPlan | None = None
 
 
 class SessionActor:
@@ -60,6 +72,7 @@ class SessionActor:
         self.mailbox: Mailbox[SessionMessage] = Mailbox()
         self._store = services.store
         self._config = services.config
+        self._retain = services.retain
         self._on_stop = on_stop
         self._summarizer = SummarizerActor(
             session_id, services.summarizer, services.store, services.config, services.summary_slots, self.mailbox.put
@@ -70,6 +83,8 @@ class SessionActor:
         self._summary: str | None = None
         self._summarized_through = 0
         self._window = RawWindow(services.config.max_episodes, services.config.max_chars)
+        self._retained_through = 0  # episodes up to here are in the retain outbox (or delivered)
+        self._retain_in_flight = False
         # Summarizer bookkeeping.
         self._summary_in_flight = False
         self._retry_at: float | None = None
@@ -135,6 +150,9 @@ class SessionActor:
                 await self._handle(message)
                 self._handling = None
             elif self._may_passivate():
+                if self._has_unretained():
+                    await self._flush_retain()  # a boundary: hand on the partial batch first
+                    continue  # messages may have arrived meanwhile
                 return  # no await since take(): nothing can have arrived
             elif self._retry_at is None:
                 await self.mailbox.wait_for_mail()
@@ -148,6 +166,7 @@ class SessionActor:
             or self._retry_at is not None
             or bool(self._waiters)
             or self._append_in_flight
+            or self._retain_in_flight
         )
 
     def _may_passivate(self) -> bool:
@@ -180,7 +199,7 @@ class SessionActor:
                 case ClearSession():
                     await self._on_clear(message)
                 case CloseSession():
-                    self._on_close(message)
+                    await self._on_close(message)
                 case _:
                     _unhandled(message)
         except Exception as exc:
@@ -220,6 +239,7 @@ class SessionActor:
             self._window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
             self._dispatch_summary()
+            self._retain_if_due()
         reply.set(tuple(episode for episode, _ in results))
 
     def _on_read(self, message: ReadContext) -> None:
@@ -239,11 +259,48 @@ class SessionActor:
         self._apply(await self._store.clear_session(self.session_id))
         message.reply.set(None)
 
-    def _on_close(self, message: CloseSession) -> None:
-        # Every earlier message of this session has been handled; once the
-        # summarizer is idle, the activation can go (its state is durable).
+    async def _on_close(self, message: CloseSession) -> None:
+        # Every earlier message of this session has been handled. Close is a
+        # boundary: the partial retain batch goes to the outbox (not to the
+        # sink: close never waits for it). Once the summarizer is idle, the
+        # activation can go, its state being durable.
+        if self._has_unretained():
+            await self._flush_retain()
         self._close_requested = True
         message.reply.set(None)
+
+    # -- retain ----------------------------------------------------------------
+
+    def _has_unretained(self) -> bool:
+        return self._retain is not None and self._last_seq > self._retained_through
+
+    def _retain_if_due(self) -> None:
+        """Every ``retain_every`` new episodes, record a batch in the outbox (not awaited)."""
+        plan = self._retain
+        if plan is None or self._retain_in_flight or self._last_seq - self._retained_through < plan.every:
+            return
+        self._retain_in_flight = True
+        self._store.submit_retain(self.session_id, plan.mode, self._last_seq, self._retain_recorded)
+
+    def _retain_recorded(self, retained_through: int | None, error: BaseException | None) -> None:
+        """Completion of :meth:`_retain_if_due`, run by the store right after its commit."""
+        self._retain_in_flight = False
+        if retained_through is None:
+            log.error("session %r: recording a retain batch failed; it is retried", self.session_id, exc_info=error)
+            return
+        self._retained_through = retained_through
+        self._retain.delivery.notify()  # type: ignore[union-attr]
+        self._retain_if_due()
+
+    async def _flush_retain(self) -> None:
+        plan = self._retain
+        assert plan is not None
+        self._retain_in_flight = True
+        try:
+            self._retained_through = await self._store.enqueue_retain(self.session_id, plan.mode)
+        finally:
+            self._retain_in_flight = False
+        plan.delivery.notify()
 
     def _on_tick(self, message: Tick) -> None:
         after = self._config.passivate_after
@@ -283,6 +340,7 @@ class SessionActor:
         self._summary = snapshot.summary
         self._summarized_through = snapshot.summarized_through
         self._window.reset(snapshot.episodes)
+        self._retained_through = snapshot.retained_through
         self._summary_in_flight = False
         self._retry_at = None
         self._dispatch_summary()

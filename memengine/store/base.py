@@ -42,6 +42,39 @@ class SessionSnapshot:
     summary: str | None
     summarized_through: int
     episodes: tuple[Episode, ...]
+    retained_through: int = 0
+
+
+@attrs.frozen
+class Recalled:
+    """An episode found by :meth:`Engine.recall`, with its session and bm25 score (higher is better)."""
+
+    session_id: str
+    episode: Episode
+    score: float
+
+
+@attrs.frozen
+class OutboxEntry:
+    """One undelivered retain batch, as recorded in the outbox."""
+
+    id: int
+    session_id: str
+    first_seq: int
+    last_seq: int
+    mode: str
+    key: str
+    episodes: tuple[Episode, ...]
+    created_at: float
+    attempts: int
+
+
+@attrs.frozen
+class OutboxState:
+    """How much is waiting for the retain sink."""
+
+    depth: int
+    oldest_created_at: float | None
 
 
 @attrs.frozen

@@ -57,7 +57,47 @@ def _create_journal(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_create_journal]
+def _add_retain_and_recall(db: sqlite_utils.Database) -> None:
+    # Retain watermark: episodes up to here are in the outbox or delivered.
+    db["sessions"].add_column("retained_through", int, not_null_default=0)  # type: ignore[union-attr]
+    # The outbox: batches recorded in the same transaction as the watermark,
+    # deleted only after the sink accepted them.
+    db["retain_outbox"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "session_id": str,
+            "first_seq": int,
+            "last_seq": int,
+            "mode": str,
+            "key": str,
+            "episodes": str,  # JSON list of episodes, as delivered
+            "created_at": float,  # unix time
+            "attempts": int,
+            "last_error": str,
+        },
+        pk="id",
+        not_null={"session_id", "first_seq", "last_seq", "mode", "key", "episodes", "created_at", "attempts"},
+        defaults={"attempts": 0},
+    )
+    db["retain_outbox"].create_index(["session_id", "id"], index_name="retain_outbox_by_session")  # type: ignore[union-attr]
+    # Full-text recall over the journal. Rows are indexed in batches (see
+    # store/sqlite_recall.py) up to a rowid watermark; a deleted row leaves the
+    # index in the same transaction that deletes it, and lowers the watermark
+    # so a reused rowid is indexed again.
+    db.execute("CREATE VIRTUAL TABLE episodes_fts USING fts5(content, content='episodes', content_rowid='rowid')")
+    db["fts_state"].create({"id": int, "indexed_through": int}, pk="id", not_null={"indexed_through"})  # type: ignore[union-attr]
+    db.execute("INSERT INTO fts_state (id, indexed_through) VALUES (1, 0)")
+    db.execute(
+        "CREATE TRIGGER episodes_fts_delete AFTER DELETE ON episodes BEGIN "
+        "INSERT INTO episodes_fts (episodes_fts, rowid, content) SELECT 'delete', old.rowid, old.content "
+        "  WHERE old.rowid <= (SELECT indexed_through FROM fts_state WHERE id = 1); "
+        "UPDATE fts_state SET indexed_through = "
+        "  min(indexed_through, coalesce((SELECT max(rowid) FROM episodes), 0)) WHERE id = 1; "
+        "END"
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_create_journal, _add_retain_and_recall]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

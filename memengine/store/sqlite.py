@@ -25,7 +25,9 @@ import anyio.abc
 
 from ..episode import Episode, stored_episode, with_seq
 from ..errors import EngineClosedError, StoreError
-from .base import AppendResult, Completion, SessionRow, SessionSnapshot
+from ..retain.batch import RetainMode
+from . import sqlite_recall, sqlite_retain
+from .base import AppendResult, Completion, OutboxEntry, OutboxState, Recalled, SessionRow, SessionSnapshot
 from .schema import migrate
 
 T = TypeVar("T")
@@ -33,6 +35,7 @@ Operation = Callable[[sqlite3.Connection], T]
 log = logging.getLogger("memengine.store")
 
 _EPISODE_COLUMNS = "seq, id, role, content, created_at, metadata"
+RECALL_INDEX_EVERY = 2000
 
 
 _Append = tuple[str, int, Sequence[Episode]]  # session_id, first_seq, episodes
@@ -74,6 +77,7 @@ class SQLiteStore:
         self._queue_filled = anyio.Event()
         self._closing = False
         self._thread_slot = anyio.CapacityLimiter(1)
+        self._unindexed = 0  # episodes appended since recall's index last caught up (this process)
 
     # -- the committer -------------------------------------------------------
 
@@ -101,6 +105,10 @@ class SQLiteStore:
                 await self._queue_filled.wait()
                 continue
             batch, self._queue = self._queue, []
+            if self._unindexed >= RECALL_INDEX_EVERY:
+                # Indexing rows in batches costs a tenth of indexing each commit's few rows.
+                self._unindexed = 0
+                batch.append(_Submission(sqlite_recall.index_pending, True))
             committed, self._queue_committed = self._queue_committed, anyio.Event()
             # Shielded: a transaction that started is finished and its callers answered.
             with anyio.CancelScope(shield=True):
@@ -226,6 +234,7 @@ class SQLiteStore:
     def submit_append(
         self, session_id: str, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
     ) -> None:
+        self._unindexed += len(episodes)
         operation = functools.partial(_append, session_id=session_id, first_seq=first_seq, episodes=episodes)
         self._enqueue(_Submission(operation, True, done, (session_id, first_seq, episodes)))
 
@@ -266,6 +275,8 @@ class SQLiteStore:
             )
             # A summary through k covers every live episode up to k.
             conn.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq >= ?", (session_id, min(existing)))
+            # Deleted means deleted: undelivered retain batches lose them too.
+            sqlite_retain.revise_after_delete(conn, session_id, existing)
             return len(existing), _load(conn, session_id)
 
         return await self._submit(delete)
@@ -275,6 +286,7 @@ class SQLiteStore:
             _bump_generation(conn, session_id)
             conn.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
+            sqlite_retain.drop_session(conn, session_id)
             return _load(conn, session_id)
 
         return await self._submit(clear)
@@ -294,6 +306,33 @@ class SQLiteStore:
             return [row[0] for row in rows]
 
         return await self._submit(query, writes=False)
+
+    # -- retain outbox and recall ---------------------------------------------
+
+    def submit_retain(self, session_id: str, mode: RetainMode, through_seq: int | None, done: Completion[int]) -> None:
+        operation = functools.partial(sqlite_retain.enqueue, session_id=session_id, mode=mode, through_seq=through_seq)
+        self._enqueue(_Submission(operation, True, done))
+
+    async def enqueue_retain(self, session_id: str, mode: RetainMode) -> int:
+        return await self._submit(lambda conn: sqlite_retain.enqueue(conn, session_id, mode))
+
+    async def enqueue_all_retains(self, mode: RetainMode) -> list[str]:
+        return await self._submit(lambda conn: sqlite_retain.enqueue_all(conn, mode))
+
+    async def pending_retains(self, limit: int) -> list[OutboxEntry]:
+        return await self._submit(lambda conn: sqlite_retain.pending(conn, limit, _episode_from_row), writes=False)
+
+    async def mark_retained(self, entry_id: int) -> None:
+        await self._submit(lambda conn: sqlite_retain.mark_delivered(conn, entry_id))
+
+    async def mark_retain_failed(self, entry_id: int, error: str) -> None:
+        await self._submit(lambda conn: sqlite_retain.mark_failed(conn, entry_id, error))
+
+    async def outbox_state(self) -> OutboxState:
+        return await self._submit(sqlite_retain.state, writes=False)
+
+    async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
+        return await self._submit(lambda conn: sqlite_recall.recall(conn, query, session_id, limit, _episode_from_row))
 
     async def list_sessions(self) -> list[SessionRow]:
         def query(conn: sqlite3.Connection) -> list[SessionRow]:
@@ -361,8 +400,10 @@ def _bump_generation(conn: sqlite3.Connection, session_id: str) -> None:
 
 
 def _load(conn: sqlite3.Connection, session_id: str) -> SessionSnapshot:
-    session = conn.execute("SELECT generation, seq_floor FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-    generation, seq_floor = session if session is not None else (0, 0)
+    session = conn.execute(
+        "SELECT generation, seq_floor, retained_through FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    generation, seq_floor, retained_through = session if session is not None else (0, 0, 0)
     latest = conn.execute(
         "SELECT through_seq, summary FROM summaries WHERE session_id = ? ORDER BY through_seq DESC LIMIT 1",
         (session_id,),
@@ -383,6 +424,7 @@ def _load(conn: sqlite3.Connection, session_id: str) -> SessionSnapshot:
         summary=summary,
         summarized_through=summarized_through,
         episodes=episodes,
+        retained_through=retained_through,
     )
 
 

@@ -1,0 +1,1 @@
+"""Exactly-once hand-off of a session's episodes to a long-term memory sink."""
