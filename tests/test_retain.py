@@ -189,3 +189,17 @@ async def test_bad_sinks_are_refused(db_path) -> None:
     with pytest.raises(ValueError):
         async with open_engine(db_path, retain_sink=sink):
             pass
+
+
+async def test_exit_while_delivering_sends_each_batch_once(db_path) -> None:
+    class SlowSink(RecordingSink):
+        async def retain(self, batch) -> None:
+            await anyio.sleep(0.005)  # still delivering when the engine exits
+            await super().retain(batch)
+
+    sink = SlowSink()
+    async with open_engine(db_path, retain_sink=sink, config=SessionConfig(retain_every=1)) as engine:
+        for name in ("a", "b", "c"):
+            await add_each(engine.session(name), turns(5, prefix=name))
+    keys = [b.key for b in sink.batches]
+    assert len(keys) == len(set(keys)) == 15

@@ -47,6 +47,8 @@ class RetainDelivery:
         self.mode = mode
         self._config = config
         self._work = anyio.Event()
+        # One pass at a time: two passes reading the same outbox rows would send them twice.
+        self._pass = anyio.Lock()
         self.delivered = 0
         self.failures = 0
 
@@ -75,6 +77,10 @@ class RetainDelivery:
 
     async def deliver_pending(self) -> bool:
         """One pass over the outbox; True if everything seen was delivered."""
+        async with self._pass:
+            return await self._deliver_pass()
+
+    async def _deliver_pass(self) -> bool:
         entries = await self._store.pending_retains(_BATCH_LIMIT)
         by_session: dict[str, list[OutboxEntry]] = defaultdict(list)
         for entry in entries:
