@@ -9,7 +9,10 @@ from .context import Context
 from .engine import Engine, open_engine
 from .episode import Episode
 from .errors import EngineClosedError, MemEngineError, SessionClosedError, StoreError, SummaryError
+from .retain.batch import RetainBatch, RetainSink
+from .retain.delivery import RetainMetrics
 from .session.handle import Session
+from .store.base import Recalled
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.openai import OpenAISummarizer
 from .summarizer.protocol import Summarizer
@@ -22,6 +25,10 @@ __all__ = [
     "ExtractiveSummarizer",
     "MemEngineError",
     "OpenAISummarizer",
+    "Recalled",
+    "RetainBatch",
+    "RetainMetrics",
+    "RetainSink",
     "Session",
     "SessionClosedError",
     "SessionConfig",
