@@ -39,6 +39,9 @@ class SessionConfig:
     tried again ``summarize_retry_later`` seconds later. ``summarize_batch_max``
     caps how many episodes go into one summarizer call. The ``retain_*``
     settings do the same for deliveries to the retain sink.
+    ``max_content_chars`` and ``max_metadata_bytes`` (metadata as UTF-8 JSON)
+    bound what one episode may hold: ``add`` refuses a larger one with
+    ``ValueError`` and stores nothing of that call.
     """
 
     max_episodes: int = attrs.field(default=20, validator=_positive_int)
@@ -50,6 +53,8 @@ class SessionConfig:
     summarize_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)
     summarize_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
     summarize_batch_max: int = attrs.field(default=200, validator=_positive_int)
+    max_content_chars: int = attrs.field(default=100_000, validator=_positive_int)
+    max_metadata_bytes: int = attrs.field(default=16_384, validator=_positive_int)
     retain_attempts: int = attrs.field(default=5, validator=_positive_int)
     retain_backoff: float = attrs.field(default=0.5, validator=_positive_seconds)
     retain_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)

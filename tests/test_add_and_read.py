@@ -113,3 +113,15 @@ async def test_reads_of_an_active_session_do_not_touch_the_store(db_path) -> Non
         engine.store.load_session = broken  # type: ignore[method-assign]
         context = await session.context()
         assert [e.seq for e in context.episodes] == [1, 2, 3]
+
+
+async def test_size_limits_are_configurable_and_refuse_the_whole_add(db_path, stored) -> None:
+    config = SessionConfig(max_content_chars=50, max_metadata_bytes=40)
+    async with open_engine(db_path, config=config) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "x" * 50, metadata={"k": "v" * 20})])
+        with pytest.raises(ValueError, match="max_content_chars=50"):
+            await session.add([Episode("user", "fits"), Episode("user", "y" * 51)])
+        with pytest.raises(ValueError, match="max_metadata_bytes=40"):
+            await session.add([Episode("user", "fits", metadata={"k": "é" * 20})])  # 40 chars, more bytes
+    assert stored.episodes("s") == [(1, "x" * 50)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -9,6 +10,7 @@ import anyio
 import anyio.lowlevel
 
 from ..actor.reply import Reply
+from ..config import SessionConfig
 from ..context import Context
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionClosedError
@@ -59,6 +61,7 @@ class Session:
         A rejected argument stores nothing.
         """
         batch = _episodes_argument(episodes)
+        _check_limits(batch, self._engine.config)
         if not batch:
             return await self._request(None, ())
         return await self._request(lambda reply: AddEpisodes(batch, reply))
@@ -133,6 +136,22 @@ def _episodes_argument(episodes: Iterable[Episode]) -> tuple[Episode, ...]:
         if not isinstance(episode, Episode):
             raise TypeError(f"add() takes Episode objects, not {type(episode).__name__}")
     return batch
+
+
+def _check_limits(batch: tuple[Episode, ...], config: SessionConfig) -> None:
+    for episode in batch:
+        if len(episode.content) > config.max_content_chars:
+            raise ValueError(
+                f"episode {episode.id} has {len(episode.content)} characters of content; "
+                f"the limit is SessionConfig.max_content_chars={config.max_content_chars}"
+            )
+        if episode.metadata:
+            size = len(json.dumps(episode.metadata, ensure_ascii=False).encode("utf-8"))
+            if size > config.max_metadata_bytes:
+                raise ValueError(
+                    f"episode {episode.id} has {size} bytes of metadata; "
+                    f"the limit is SessionConfig.max_metadata_bytes={config.max_metadata_bytes}"
+                )
 
 
 def _seqs_argument(seqs: Iterable[int]) -> tuple[int, ...]:
