@@ -12,6 +12,7 @@ import anyio.abc
 
 from .config import SessionConfig
 from .errors import EngineClosedError
+from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
 from .session.actor import RetainPlan, SessionActor, SessionServices
@@ -168,6 +169,7 @@ async def open_engine(
     max_concurrent_summaries: int = 16,
     resume_pending_summaries: bool = True,
     retain_grace: float = 5.0,
+    record_to: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[Engine]:
     """Open the store at ``path`` and run an engine for the block's duration.
 
@@ -188,6 +190,10 @@ async def open_engine(
     :class:`EngineClosedError`. Delivery to the retain sink then gets up to
     ``retain_grace`` seconds; what is left stays in the outbox for the next
     start.
+
+    With ``record_to``, every message a session handles is appended to that
+    JSON-lines file (see :mod:`memengine.replay`); ``memengine replay`` plays
+    such a log into a fresh store.
     """
     if config is None:
         config = SessionConfig()
@@ -206,14 +212,16 @@ async def open_engine(
         raise ValueError(f"retain_grace must be a number of seconds >= 0, not {retain_grace!r}")
 
     async with open_sqlite_store(path) as store, anyio.create_task_group() as background:
+        recorder = None if record_to is None else MessageRecorder(record_to)
         delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, mode, config)
         plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
-        services = SessionServices(store, summarizer, config, anyio.CapacityLimiter(max_concurrent_summaries), plan)
-        if delivery is not None:
-            # A crashed run's sessions never reached their exit boundary: hand on their tails now.
-            await store.enqueue_all_retains(mode)
-            background.start_soon(delivery.run)
+        slots = anyio.CapacityLimiter(max_concurrent_summaries)
+        services = SessionServices(store, summarizer, config, slots, plan, recorder)
         try:
+            if delivery is not None:
+                # A crashed run's sessions never reached their exit boundary: hand on their tails now.
+                await store.enqueue_all_retains(mode)
+                background.start_soon(delivery.run)
             async with anyio.create_task_group() as tasks:
                 engine = Engine(services, tasks, delivery)
                 if resume_pending_summaries:
@@ -232,6 +240,8 @@ async def open_engine(
                     await store.enqueue_all_retains(mode)
                     await delivery.drain(retain_grace)
             background.cancel_scope.cancel()
+            if recorder is not None:
+                recorder.close()
 
 
 def _retain_mode(sink: object) -> RetainMode:

@@ -1,4 +1,4 @@
-"""The ``memengine`` command line: ``memengine demo`` and ``memengine inspect``.
+"""The ``memengine`` command line: ``memengine demo``, ``inspect`` and ``replay``.
 
 Each subcommand lives in its own module, which adds its parser and the
 function that runs it; this module only builds the top-level parser and
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from . import demo, inspect
+from . import demo, inspect, replay
 
 __all__ = ["build_parser", "main"]
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     demo.add_parser(subcommands)
     inspect.add_parser(subcommands)
+    replay.add_parser(subcommands)
     return parser
 
 

@@ -14,17 +14,16 @@ import functools
 import logging
 import math
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import anyio
 import attrs
 
 from ..actor.mailbox import Mailbox
-from ..actor.reply import Reply
 from ..config import SessionConfig
 from ..context import Context
-from ..episode import Episode
 from ..errors import EngineClosedError, MemEngineError, StoreError
+from ..replay import MessageRecorder
 from ..retain.batch import RetainMode
 from ..retain.delivery import RetainDelivery
 from ..store.base import AppendResult, SessionSnapshot, Store
@@ -33,6 +32,7 @@ from ..summarizer.protocol import Summarizer
 from .messages import (
     AddEpisodes,
     ClearSession,
+    ClientMessage,
     CloseSession,
     DeleteEpisodes,
     ReadContext,
@@ -64,6 +64,7 @@ class SessionServices:
     config: SessionConfig
     summary_slots: anyio.CapacityLimiter
     retain: RetainPlan | None = None
+    recorder: MessageRecorder | None = None
 
 
 class SessionActor:
@@ -73,6 +74,7 @@ class SessionActor:
         self._store = services.store
         self._config = services.config
         self._retain = services.retain
+        self._recorder = services.recorder
         self._on_stop = on_stop
         self._summarizer = SummarizerActor(
             session_id, services.summarizer, services.store, services.config, services.summary_slots, self.mailbox.put
@@ -88,7 +90,7 @@ class SessionActor:
         # Summarizer bookkeeping.
         self._summary_in_flight = False
         self._retry_at: float | None = None
-        self._waiters: list[tuple[int, Reply[Context]]] = []
+        self._waiters: list[tuple[int, ReadContext]] = []  # (seq to be summarized, the read waiting)
         self._handling: SessionMessage | None = None
         self._append_in_flight = False
         self._append_settled: anyio.Event | None = None  # made only when a second append must wait
@@ -135,8 +137,8 @@ class SessionActor:
             reply = getattr(message, "reply", None)
             if reply is not None:
                 reply.fail(error)
-        for _, reply in self._waiters:
-            reply.fail(error)
+        for _, waiting in self._waiters:
+            waiting.reply.fail(error)
         self._waiters.clear()
 
     async def _serve(self) -> None:
@@ -204,7 +206,7 @@ class SessionActor:
                     _unhandled(message)
         except Exception as exc:
             # The operation failed and the store rolled it back: tell its caller.
-            message.reply.fail(exc)
+            self._fail(message, exc)
 
     async def _on_add(self, message: AddEpisodes) -> None:
         # The handler does not wait for the commit, so the actor goes on with
@@ -215,12 +217,10 @@ class SessionActor:
             await self._append_settled.wait()
         self._append_in_flight = True
         self._store.submit_append(
-            self.session_id, self._last_seq + 1, message.episodes, functools.partial(self._appended, message.reply)
+            self.session_id, self._last_seq + 1, message.episodes, functools.partial(self._appended, message)
         )
 
-    def _appended(
-        self, reply: Reply[tuple[Episode, ...]], results: AppendResult | None, error: BaseException | None
-    ) -> None:
+    def _appended(self, message: AddEpisodes, results: AppendResult | None, error: BaseException | None) -> None:
         """Completion of an append, run by the store on the event loop right after its commit.
 
         It is this actor's code, run synchronously between two of the actor's
@@ -232,7 +232,7 @@ class SessionActor:
         if settled is not None:
             settled.set()
         if results is None:
-            reply.fail(error or StoreError("the append was not stored"))
+            self._fail(message, error or StoreError("the append was not stored"))
             return
         new = [episode for episode, is_new in results if is_new]
         if new:
@@ -240,24 +240,24 @@ class SessionActor:
             self._last_seq = new[-1].seq  # type: ignore[assignment]
             self._dispatch_summary()
             self._retain_if_due()
-        reply.set(tuple(episode for episode, _ in results))
+        self._answer(message, tuple(episode for episode, _ in results))
 
     def _on_read(self, message: ReadContext) -> None:
         evicted_through = self._window.evicted_through
         if message.wait_for_summary and evicted_through is not None:
-            self._waiters.append((evicted_through, message.reply))
+            self._waiters.append((evicted_through, message))
         else:
-            message.reply.set(self._context())
+            self._answer(message, self._context())
 
     async def _on_delete(self, message: DeleteEpisodes) -> None:
         deleted, snapshot = await self._store.delete_episodes(self.session_id, message.seqs)
         if deleted:
             self._apply(snapshot)
-        message.reply.set(deleted)
+        self._answer(message, deleted)
 
     async def _on_clear(self, message: ClearSession) -> None:
         self._apply(await self._store.clear_session(self.session_id))
-        message.reply.set(None)
+        self._answer(message, None)
 
     async def _on_close(self, message: CloseSession) -> None:
         # Every earlier message of this session has been handled. Close is a
@@ -267,7 +267,7 @@ class SessionActor:
         if self._has_unretained():
             await self._flush_retain()
         self._close_requested = True
-        message.reply.set(None)
+        self._answer(message, None)
 
     # -- retain ----------------------------------------------------------------
 
@@ -361,13 +361,23 @@ class SessionActor:
             return
         first_pending = self._window.raw[0].seq if self._window.evicted else math.inf
         still_waiting = []
-        for target, reply in self._waiters:
+        for target, waiting in self._waiters:
             if first_pending > target:  # type: ignore[operator]
-                reply.set(self._context())
+                self._answer(waiting, self._context())
                 self._active_since_tick = True  # answering a client is activity
             else:
-                still_waiting.append((target, reply))
+                still_waiting.append((target, waiting))
         self._waiters = still_waiting
+
+    def _answer(self, message: ClientMessage, value: Any) -> None:
+        message.reply.set(value)
+        if self._recorder is not None:
+            self._recorder.record(self.session_id, message, value, None)
+
+    def _fail(self, message: ClientMessage, error: BaseException) -> None:
+        message.reply.fail(error)
+        if self._recorder is not None:
+            self._recorder.record(self.session_id, message, None, error)
 
     def _context(self) -> Context:
         evicted_through = self._window.evicted_through
