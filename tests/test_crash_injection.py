@@ -39,13 +39,10 @@ message carries the seed, the kill point and the tail of the child's log, and
 ``python -m tests.crash_workload DB SEED STEPS`` replays the workload (timing,
 and so the interleaving, varies from run to run).
 
-Known bugs: this test found two retain bugs (STALE_OUTBOX_SNAPSHOT and
-OUTBOX_ROWID_REUSE below), each kept as strict-xfail reproducers at the end of
-this file. While ``TOLERATE_KNOWN_BUGS`` is true, a soak case that shows only
-their symptoms (and passes every other check) is reported as xfailed with the
-details; a loss of deliveries is taken for the rowid bug only when the killed
-run handed on a batch whose outbox row a clear/delete dropped, which that bug
-needs. Set it to false once they are fixed.
+This test found two retain bugs (STALE_OUTBOX_SNAPSHOT and OUTBOX_ROWID_REUSE
+below), now fixed; their reproducers at the end of this file guard against a
+return. ``TOLERATE_KNOWN_BUGS`` (false) would report a soak case showing only
+their symptoms as xfailed instead of failing.
 """
 
 from __future__ import annotations
@@ -571,10 +568,10 @@ async def test_sigkill_at_a_random_point_loses_nothing_acknowledged(seed: int, a
 
 # -- the bugs crash injection found ----------------------------------------------------------
 #
-# Both are in the retain outbox's delivery (memengine/retain/delivery.py with
-# store/sqlite_retain.py); each has a deterministic in-process reproducer and a
-# crash-injection seed that shows it. Once fixed, these tests XPASS (and so
-# fail, being strict): drop their xfail marks and set TOLERATE_KNOWN_BUGS to False.
+# Both were in the retain outbox's delivery (memengine/retain/delivery.py with
+# store/sqlite_retain.py), and are fixed: delivery re-reads a batch before every
+# sink call, and rows are addressed by id and key. Each keeps a deterministic
+# in-process reproducer and the crash-injection seeds that used to show it.
 
 STALE_OUTBOX_SNAPSHOT = (
     "RetainDelivery._deliver_pass reads up to 500 outbox rows once and then hands each to the sink from that "
@@ -587,9 +584,9 @@ OUTBOX_ROWID_REUSE = (
     "(any session) reuses the id, and the in-flight delivery's mark_retained() deletes that never-delivered batch; "
     "its episodes are never handed on (the watermark has passed them)"
 )
-TOLERATE_KNOWN_BUGS = True
-# Seeds that showed each bug in most of their runs (timing decides the interleaving, so
-# not in every run): a reproducer tries them in turn until one shows its bug.
+TOLERATE_KNOWN_BUGS = False  # both bugs are fixed: any such symptom fails
+# Seeds that showed each bug in most of their runs before the fix (timing decides the
+# interleaving): each must now run clean.
 SEEDS_SHOWING_STALE_SNAPSHOT = (19, 32, 38, 1, 2, 37, 22, 11)
 SEEDS_SHOWING_ROWID_REUSE = (21, 1, 2, 35, 30, 20, 3, 7)
 
@@ -641,7 +638,6 @@ async def leave_undelivered_batches(db_path: Path, session: str, count: int) -> 
     ]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STALE_OUTBOX_SNAPSHOT)
 async def test_no_deleted_episode_is_handed_on_after_the_deletion_returned(db_path) -> None:
     await leave_undelivered_batches(db_path, "a", 2)  # batches (a 1..1) and (a 2..2)
     sink = GatedSink()
@@ -655,7 +651,6 @@ async def test_no_deleted_episode_is_handed_on_after_the_deletion_returned(db_pa
     assert all(2 not in seqs for seqs in handed_on), f"seq 2 handed on after its deletion returned: {sink.batches}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=OUTBOX_ROWID_REUSE)
 async def test_a_batch_dropped_mid_delivery_does_not_take_another_session_batch_with_it(db_path) -> None:
     await leave_undelivered_batches(db_path, "a", 1)  # the batch (a 1..1) is row 1
     sink = GatedSink()
@@ -682,11 +677,9 @@ def crash_cycle_showing(seeds: tuple[int, ...], tmp_path: Path, symptom: str, er
             raise error(f"seed {seed}: " + "\n".join(shown) + run.describe())
 
 
-@pytest.mark.xfail(strict=True, raises=StaleOutboxSnapshot, reason=STALE_OUTBOX_SNAPSHOT)
-def test_crash_injection_shows_the_stale_outbox_snapshot(tmp_path: Path) -> None:
+def test_seeds_that_showed_the_stale_outbox_snapshot_now_run_clean(tmp_path: Path) -> None:
     crash_cycle_showing(SEEDS_SHOWING_STALE_SNAPSHOT, tmp_path, "handed_on_after_deletion", StaleOutboxSnapshot)
 
 
-@pytest.mark.xfail(strict=True, raises=OutboxRowidReuse, reason=OUTBOX_ROWID_REUSE)
-def test_crash_injection_shows_the_outbox_rowid_reuse(tmp_path: Path) -> None:
+def test_seeds_that_showed_the_outbox_rowid_reuse_now_run_clean(tmp_path: Path) -> None:
     crash_cycle_showing(SEEDS_SHOWING_ROWID_REUSE, tmp_path, "never_delivered", OutboxRowidReuse)

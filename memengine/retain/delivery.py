@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Awaitable
 
 import anyio
 import attrs
@@ -28,6 +29,17 @@ log = logging.getLogger("memengine.retain")
 
 _BATCH_LIMIT = 500
 _CONCURRENT_SESSIONS = 8
+
+
+def _batch(entry: OutboxEntry) -> RetainBatch:
+    return RetainBatch(
+        session_id=entry.session_id,
+        first_seq=entry.first_seq,
+        last_seq=entry.last_seq,
+        episodes=entry.episodes,
+        key=entry.key,
+        mode=entry.mode,  # type: ignore[arg-type]
+    )
 
 
 @attrs.frozen
@@ -69,9 +81,13 @@ class RetainDelivery:
     async def drain(self, grace: float) -> bool:
         """Deliver until the outbox is empty or ``grace`` seconds passed; True if it emptied."""
         with anyio.move_on_after(grace):
-            while (await self._store.outbox_state()).depth:
-                if not await self.deliver_pending():
-                    await anyio.sleep(min(self._config.retain_backoff, grace))
+            try:
+                while (await self._store.outbox_state()).depth:
+                    if not await self.deliver_pending():
+                        await anyio.sleep(min(self._config.retain_backoff, grace))
+            except Exception:
+                log.exception("delivering the outbox at shutdown failed; the rest is delivered at the next start")
+                return False
             return True
         return False
 
@@ -81,7 +97,11 @@ class RetainDelivery:
             return await self._deliver_pass()
 
     async def _deliver_pass(self) -> bool:
-        entries = await self._store.pending_retains(_BATCH_LIMIT)
+        try:
+            entries = await self._store.pending_retains(_BATCH_LIMIT)
+        except Exception:
+            log.exception("reading the retain outbox failed; delivery is retried later")
+            return False
         by_session: dict[str, list[OutboxEntry]] = defaultdict(list)
         for entry in entries:
             by_session[entry.session_id].append(entry)
@@ -90,7 +110,7 @@ class RetainDelivery:
 
         async def deliver_session(batches: list[OutboxEntry]) -> None:
             async with slots:
-                for entry in batches:  # in order: stop at the first one the sink refuses
+                for entry in batches:  # in order: stop at the first one not delivered
                     if not await self._deliver(entry):
                         outcome["all_delivered"] = False
                         return
@@ -101,14 +121,7 @@ class RetainDelivery:
         return outcome["all_delivered"] and len(entries) < _BATCH_LIMIT
 
     async def _deliver(self, entry: OutboxEntry) -> bool:
-        batch = RetainBatch(
-            session_id=entry.session_id,
-            first_seq=entry.first_seq,
-            last_seq=entry.last_seq,
-            episodes=entry.episodes,
-            key=entry.key,
-            mode=entry.mode,  # type: ignore[arg-type]
-        )
+        """Send one batch (retrying); True once it is delivered or no longer exists."""
         config = self._config
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(config.retain_attempts),
@@ -121,7 +134,13 @@ class RetainDelivery:
         try:
             async for attempt in retrying:
                 with attempt:
-                    await self._sink.retain(batch)
+                    # Read the batch again before every call: a clear or delete
+                    # since the pass began may have revised or dropped it, and a
+                    # deleted episode must not be handed on after the delete returned.
+                    current = await self._store.retain_entry(entry.id, entry.key)
+                    if current is None:
+                        return True
+                    await self._sink.retain(_batch(current))
         except Exception as exc:
             self.failures += 1
             log.error(
@@ -132,10 +151,19 @@ class RetainDelivery:
                 config.retain_retry_later,
                 exc_info=exc,
             )
-            await self._store.mark_retain_failed(entry.id, repr(exc))
+            await self._record(self._store.mark_retain_failed(entry.id, entry.key, repr(exc)))
             return False
-        await self._store.mark_retained(entry.id)
         self.delivered += 1
+        # If recording the delivery fails, the batch is sent again later with the same key.
+        return await self._record(self._store.mark_retained(entry.id, entry.key))
+
+    @staticmethod
+    async def _record(operation: Awaitable[None]) -> bool:
+        try:
+            await operation
+        except Exception:
+            log.exception("recording a retain delivery in the store failed; the batch stays in the outbox")
+            return False
         return True
 
     def _count_failure(self, state: tenacity.RetryCallState) -> None:

@@ -322,11 +322,16 @@ class SQLiteStore:
     async def pending_retains(self, limit: int) -> list[OutboxEntry]:
         return await self._submit(lambda conn: sqlite_retain.pending(conn, limit, _episode_from_row), writes=False)
 
-    async def mark_retained(self, entry_id: int) -> None:
-        await self._submit(lambda conn: sqlite_retain.mark_delivered(conn, entry_id))
+    async def retain_entry(self, entry_id: int, key: str) -> OutboxEntry | None:
+        return await self._submit(
+            lambda conn: sqlite_retain.entry(conn, entry_id, key, _episode_from_row), writes=False
+        )
 
-    async def mark_retain_failed(self, entry_id: int, error: str) -> None:
-        await self._submit(lambda conn: sqlite_retain.mark_failed(conn, entry_id, error))
+    async def mark_retained(self, entry_id: int, key: str) -> None:
+        await self._submit(lambda conn: sqlite_retain.mark_delivered(conn, entry_id, key))
+
+    async def mark_retain_failed(self, entry_id: int, key: str, error: str) -> None:
+        await self._submit(lambda conn: sqlite_retain.mark_failed(conn, entry_id, key, error))
 
     async def outbox_state(self) -> OutboxState:
         return await self._submit(sqlite_retain.state, writes=False)

@@ -116,27 +116,44 @@ def revise_after_delete(conn: sqlite3.Connection, session_id: str, deleted: Sequ
 
 def pending(conn: sqlite3.Connection, limit: int, episode_from_row: EpisodeFromRow) -> list[OutboxEntry]:
     """Undelivered batches, oldest first (so each session's come in order)."""
-    entries = []
-    for entry_id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts in conn.execute(
-        "SELECT id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts "
-        "FROM retain_outbox ORDER BY id LIMIT ?",
-        (limit,),
-    ):
-        decoded = tuple(
-            episode_from_row((e["seq"], e["id"], e["role"], e["content"], e["created_at"], json.dumps(e["metadata"])))
-            for e in json.loads(episodes)
-        )
-        entries.append(OutboxEntry(entry_id, session_id, first_seq, last_seq, mode, key, decoded, created_at, attempts))
-    return entries
+    return [
+        _entry(row, episode_from_row)
+        for row in conn.execute(f"SELECT {_OUTBOX_COLUMNS} FROM retain_outbox ORDER BY id LIMIT ?", (limit,))
+    ]
 
 
-def mark_delivered(conn: sqlite3.Connection, entry_id: int) -> None:
-    conn.execute("DELETE FROM retain_outbox WHERE id = ?", (entry_id,))
+def entry(conn: sqlite3.Connection, entry_id: int, key: str, episode_from_row: EpisodeFromRow) -> OutboxEntry | None:
+    """The batch as it stands now (a clear or delete may have revised or dropped it)."""
+    row = conn.execute(
+        f"SELECT {_OUTBOX_COLUMNS} FROM retain_outbox WHERE id = ? AND key = ?", (entry_id, key)
+    ).fetchone()
+    return None if row is None else _entry(row, episode_from_row)
 
 
-def mark_failed(conn: sqlite3.Connection, entry_id: int, error: str) -> None:
+_OUTBOX_COLUMNS = "id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts"
+
+
+def _entry(row: tuple, episode_from_row: EpisodeFromRow) -> OutboxEntry:
+    entry_id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts = row
+    decoded = tuple(
+        episode_from_row((e["seq"], e["id"], e["role"], e["content"], e["created_at"], json.dumps(e["metadata"])))
+        for e in json.loads(episodes)
+    )
+    return OutboxEntry(entry_id, session_id, first_seq, last_seq, mode, key, decoded, created_at, attempts)
+
+
+# Rows are addressed by id *and* key: an id freed by a clear can be reused by a
+# later batch, which a delivery still in flight for the old row must not touch.
+
+
+def mark_delivered(conn: sqlite3.Connection, entry_id: int, key: str) -> None:
+    conn.execute("DELETE FROM retain_outbox WHERE id = ? AND key = ?", (entry_id, key))
+
+
+def mark_failed(conn: sqlite3.Connection, entry_id: int, key: str, error: str) -> None:
     conn.execute(
-        "UPDATE retain_outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?", (error[:2000], entry_id)
+        "UPDATE retain_outbox SET attempts = attempts + 1, last_error = ? WHERE id = ? AND key = ?",
+        (error[:2000], entry_id, key),
     )
 
 
