@@ -37,7 +37,8 @@ class SessionConfig:
     exponential backoff (starting at ``summarize_backoff``, capped at
     ``summarize_backoff_max``, with jitter), then the batch stays pending and is
     tried again ``summarize_retry_later`` seconds later. ``summarize_batch_max``
-    caps how many episodes go into one summarizer call. The ``retain_*``
+    caps how many episodes go into one summarizer call; ``summarize_timeout``
+    bounds one call (a call that takes longer counts as a failed attempt). The ``retain_*``
     settings do the same for deliveries to the retain sink.
     ``max_content_chars`` and ``max_metadata_bytes`` (metadata as UTF-8 JSON)
     bound what one episode may hold: ``add`` refuses a larger one with
@@ -53,6 +54,7 @@ class SessionConfig:
     summarize_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)
     summarize_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
     summarize_batch_max: int = attrs.field(default=200, validator=_positive_int)
+    summarize_timeout: float = attrs.field(default=120.0, validator=_positive_seconds)
     max_content_chars: int = attrs.field(default=100_000, validator=_positive_int)
     max_metadata_bytes: int = attrs.field(default=16_384, validator=_positive_int)
     retain_attempts: int = attrs.field(default=5, validator=_positive_int)

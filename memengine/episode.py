@@ -54,21 +54,42 @@ def _check_created_at(instance: Episode, attribute: attrs.Attribute[datetime], v
         raise ValueError("Episode.created_at must be timezone-aware (use datetime.now(timezone.utc))")
 
 
-def _check_metadata(instance: Episode, attribute: attrs.Attribute[dict[str, Any]], value: dict[str, Any]) -> None:
-    for key in value:
-        if not isinstance(key, str):
-            raise TypeError(f"Episode.metadata keys must be str, not {type(key).__name__}")
+def snapshot_metadata(value: object) -> dict[str, Any]:
+    """A deep, JSON-exact copy of ``value``, or ``TypeError``/``ValueError``.
+
+    Metadata may hold only what JSON stores exactly: dicts with str keys,
+    lists, str, int, finite float, bool and None. Anything else (tuples, int
+    keys, NaN, sets, objects) would come back from the store changed, so it is
+    refused instead. The copy shares nothing with ``value``: editing the
+    caller's dict later changes neither the episode nor what is stored.
+    """
+    if not isinstance(value, Mapping):
+        raise TypeError(f"Episode.metadata must be a mapping, not {type(value).__name__}")
+    value = dict(value)
     try:
         encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except RecursionError:
+        raise ValueError("Episode.metadata is nested too deeply") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"Episode.metadata must be JSON-serializable: {exc}") from None
     _check_encodable("metadata", encoded)
+    copy = json.loads(encoded)
+    if copy != value or not _same_types(copy, value):
+        raise TypeError(
+            "Episode.metadata may hold only dicts with str keys, lists, str, int, float, bool and None "
+            "(tuples, non-str keys and other types would not come back from the store as they went in)"
+        )
+    return copy  # type: ignore[no-any-return]
 
 
-def _copy_metadata(value: object) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"Episode.metadata must be a mapping, not {type(value).__name__}")
-    return dict(value)
+def _same_types(copy: object, original: object) -> bool:
+    if type(copy) is not type(original) and not (isinstance(copy, dict) and isinstance(original, Mapping)):
+        return False
+    if isinstance(copy, dict):
+        return all(isinstance(k, str) and _same_types(copy[k], original[k]) for k in copy)  # type: ignore[index]
+    if isinstance(copy, list):
+        return all(_same_types(c, o) for c, o in zip(copy, original, strict=True))  # type: ignore[arg-type]
+    return True
 
 
 def _check_seq(instance: Episode, attribute: attrs.Attribute[int | None], value: object) -> None:
@@ -92,9 +113,7 @@ class Episode:
     content: str = attrs.field(validator=_check_text)
     id: str = attrs.field(kw_only=True, factory=_new_id, validator=_check_text)
     created_at: datetime = attrs.field(kw_only=True, factory=_utc_now, validator=_check_created_at)
-    metadata: dict[str, Any] = attrs.field(
-        kw_only=True, factory=dict, converter=_copy_metadata, validator=_check_metadata, hash=False
-    )
+    metadata: dict[str, Any] = attrs.field(kw_only=True, factory=dict, converter=snapshot_metadata, hash=False)
     seq: int | None = attrs.field(kw_only=True, default=None, validator=_check_seq)
 
 

@@ -153,7 +153,12 @@ class SessionActor:
                 self._handling = None
             elif self._may_passivate():
                 if self._has_unretained():
-                    await self._flush_retain()  # a boundary: hand on the partial batch first
+                    try:
+                        await self._flush_retain()  # a boundary: hand on the partial batch first
+                    except Exception:
+                        # Stay active and try again at the next idle period or close.
+                        log.exception("session %r: recording its retain batch failed", self.session_id)
+                        self._idle_expired = self._close_requested = False
                     continue  # messages may have arrived meanwhile
                 return  # no await since take(): nothing can have arrived
             elif self._retry_at is None:

@@ -12,7 +12,7 @@ import anyio.lowlevel
 from ..actor.reply import Reply
 from ..config import SessionConfig
 from ..context import Context
-from ..episode import Episode
+from ..episode import Episode, snapshot_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
 from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
 
@@ -60,8 +60,7 @@ class Session:
         not stored again; the earlier stored episode is returned in its place.
         A rejected argument stores nothing.
         """
-        batch = _episodes_argument(episodes)
-        _check_limits(batch, self._engine.config)
+        batch = _checked_batch(_episodes_argument(episodes), self._engine.config)
         if not batch:
             return await self._request(None, ())
         return await self._request(lambda reply: AddEpisodes(batch, reply))
@@ -138,7 +137,13 @@ def _episodes_argument(episodes: Iterable[Episode]) -> tuple[Episode, ...]:
     return batch
 
 
-def _check_limits(batch: tuple[Episode, ...], config: SessionConfig) -> None:
+def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[Episode, ...]:
+    """Check every episode against the limits; snapshot metadata edited since construction.
+
+    The session stores and shows the snapshot, so editing an episode's
+    metadata after ``add`` changes nothing stored or read.
+    """
+    checked = []
     for episode in batch:
         if len(episode.content) > config.max_content_chars:
             raise ValueError(
@@ -146,12 +151,23 @@ def _check_limits(batch: tuple[Episode, ...], config: SessionConfig) -> None:
                 f"the limit is SessionConfig.max_content_chars={config.max_content_chars}"
             )
         if episode.metadata:
-            size = len(json.dumps(episode.metadata, ensure_ascii=False).encode("utf-8"))
+            metadata = snapshot_metadata(episode.metadata)
+            size = len(json.dumps(metadata, ensure_ascii=False).encode("utf-8"))
             if size > config.max_metadata_bytes:
                 raise ValueError(
                     f"episode {episode.id} has {size} bytes of metadata; "
                     f"the limit is SessionConfig.max_metadata_bytes={config.max_metadata_bytes}"
                 )
+            episode = stored_episode(
+                episode.role,
+                episode.content,
+                episode.id,
+                episode.created_at,
+                metadata,
+                episode.seq,  # type: ignore[arg-type]
+            )
+        checked.append(episode)
+    return tuple(checked)
 
 
 def _seqs_argument(seqs: Iterable[int]) -> tuple[int, ...]:

@@ -112,7 +112,12 @@ class SQLiteStore:
             committed, self._queue_committed = self._queue_committed, anyio.Event()
             # Shielded: a transaction that started is finished and its callers answered.
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._commit, batch, limiter=self._thread_slot)
+                try:
+                    await anyio.to_thread.run_sync(self._commit, batch, limiter=self._thread_slot)
+                except Exception as exc:
+                    # A bug or an unexpected error: fail this batch, keep the committer (and engine) alive.
+                    log.exception("a store transaction failed unexpectedly")
+                    await anyio.to_thread.run_sync(self._abandon, batch, exc, limiter=self._thread_slot)
             for submission in batch:
                 if submission.done is not None:
                     try:
@@ -172,6 +177,13 @@ class SQLiteStore:
                 submission.result = None
                 submission.error = StoreError(f"commit failed, nothing was stored: {exc}")
         return True
+
+    def _abandon(self, batch: list[_Submission], error: BaseException) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+        for submission in batch:
+            submission.result = None
+            submission.error = StoreError(f"nothing was stored: {error!r}")
 
     def _append_run(self, run: list[_Submission]) -> bool:
         """Store consecutive appends (of different sessions) with one statement.

@@ -122,7 +122,8 @@ class SummarizerActor:
     async def _summarize_with_retries(self, batch: SummarizeBatch) -> str:
         async for attempt in self._retrying:
             with attempt:
-                summary = await self._summarizer.summarize(batch.previous, batch.episodes)
+                with anyio.fail_after(self._config.summarize_timeout):
+                    summary = await self._summarizer.summarize(batch.previous, batch.episodes)
                 if not isinstance(summary, str) or not summary.strip():
                     raise SummaryError(f"the summarizer returned {summary!r}, not a non-empty string")
         return summary
