@@ -22,6 +22,7 @@ import attrs
 import tenacity
 
 from ..config import SessionConfig
+from ..retrying import backoff_retrying
 from ..store.base import OutboxEntry, Store
 from .batch import RetainBatch, RetainMode, RetainSink
 
@@ -123,13 +124,8 @@ class RetainDelivery:
     async def _deliver(self, entry: OutboxEntry) -> bool:
         """Send one batch (retrying); True once it is delivered or no longer exists."""
         config = self._config
-        retrying = tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(config.retain_attempts),
-            wait=tenacity.wait_random_exponential(multiplier=config.retain_backoff, max=config.retain_backoff_max),
-            retry=tenacity.retry_if_exception_type(Exception),
-            sleep=anyio.sleep,
-            before_sleep=self._count_failure,
-            reraise=True,
+        retrying = backoff_retrying(
+            config.retain_attempts, config.retain_backoff, config.retain_backoff_max, self._count_failure
         )
         try:
             async for attempt in retrying:

@@ -23,6 +23,7 @@ from ..actor.mailbox import Mailbox
 from ..config import SessionConfig
 from ..episode import Episode
 from ..errors import SummaryError
+from ..retrying import backoff_retrying
 from ..session.messages import SummaryFailed, SummaryStored
 from ..store.base import Store
 from .protocol import Summarizer
@@ -65,16 +66,8 @@ class SummarizerActor:
         self._newest_generation = 0
         self._current: tuple[int, anyio.CancelScope] | None = None
         # Reused for each batch in turn (this actor summarizes one batch at a time).
-        self._retrying = tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(config.summarize_attempts),
-            # Exponential backoff with full jitter: spreads retries of many sessions.
-            wait=tenacity.wait_random_exponential(
-                multiplier=config.summarize_backoff, max=config.summarize_backoff_max
-            ),
-            retry=tenacity.retry_if_exception_type(Exception),
-            sleep=anyio.sleep,
-            before_sleep=self._log_retry,
-            reraise=True,
+        self._retrying = backoff_retrying(
+            config.summarize_attempts, config.summarize_backoff, config.summarize_backoff_max, self._log_retry
         )
 
     def submit(self, batch: SummarizeBatch) -> None:

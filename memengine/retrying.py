@@ -1,0 +1,27 @@
+"""The retry policy shared by the summarizer and retain delivery actors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import tenacity
+
+
+def backoff_retrying(
+    attempts: int, backoff: float, backoff_max: float, before_sleep: Callable[[tenacity.RetryCallState], None]
+) -> tenacity.AsyncRetrying:
+    """Up to ``attempts`` tries of any Exception, waiting exponentially with full jitter.
+
+    Jitter spreads the retries of many sessions hitting the same failing
+    service. Sleeps through anyio, so it works (and is cancellable) on asyncio
+    and trio; the last error is re-raised.
+    """
+    return tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_random_exponential(multiplier=backoff, max=backoff_max),
+        retry=tenacity.retry_if_exception_type(Exception),
+        sleep=anyio.sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
