@@ -203,3 +203,14 @@ async def test_exit_while_delivering_sends_each_batch_once(db_path) -> None:
             await add_each(engine.session(name), turns(5, prefix=name))
     keys = [b.key for b in sink.batches]
     assert len(keys) == len(set(keys)) == 15
+
+
+async def test_batches_hold_exactly_retain_every_episodes(db_path) -> None:
+    sink = RecordingSink()
+    async with open_engine(db_path, retain_sink=sink, config=SessionConfig(retain_every=2)) as engine:
+        session = engine.session("s")
+        await session.add(turns(5))  # one add, two full batches and a tail
+        await sink.wait_for(2)
+        await session.close()
+        await sink.wait_for(3)
+    assert [(b.first_seq, b.last_seq) for b in sink.batches] == [(1, 2), (3, 4), (5, 5)]

@@ -285,7 +285,8 @@ class SessionActor:
         if plan is None or self._retain_in_flight or self._last_seq - self._retained_through < plan.every:
             return
         self._retain_in_flight = True
-        self._store.submit_retain(self.session_id, plan.mode, self._last_seq, self._retain_recorded)
+        # Exactly retain_every episodes per batch; the completion checks for the next ones.
+        self._store.submit_retain(self.session_id, plan.mode, self._last_seq, plan.every, self._retain_recorded)
 
     def _retain_recorded(self, retained_through: int | None, error: BaseException | None) -> None:
         """Completion of :meth:`_retain_if_due`, run by the store right after its commit."""

@@ -122,6 +122,39 @@ class Store(Protocol):
     async def sessions_needing_summary(self, max_episodes: int, max_chars: int) -> list[str]:
         """Sessions whose unsummarized episodes overflow the given window."""
 
+    def submit_retain(
+        self, session_id: str, mode: str, through_seq: int | None, limit: int | None, done: Completion[int]
+    ) -> None:
+        """Queue recording the session's un-retained episodes (at most ``limit``) as an outbox batch.
+
+        The batch and the watermark are written in one transaction; ``done``
+        gets the watermark afterwards.
+        """
+
+    async def enqueue_retain(self, session_id: str, mode: str) -> int:
+        """Record every un-retained episode of the session as one batch (a boundary); return the watermark."""
+
+    async def enqueue_all_retains(self, mode: str) -> list[str]:
+        """Record every session's un-retained tail (engine start and exit)."""
+
+    async def pending_retains(self, limit: int) -> list[OutboxEntry]:
+        """Undelivered batches, oldest first."""
+
+    async def retain_entry(self, entry_id: int, key: str) -> OutboxEntry | None:
+        """One batch as it stands now, or ``None`` if a clear or delete dropped it."""
+
+    async def mark_retained(self, entry_id: int, key: str) -> None:
+        """The sink accepted the batch: remove it from the outbox."""
+
+    async def mark_retain_failed(self, entry_id: int, key: str, error: str) -> None:
+        """The sink refused the batch: count the attempt, keep the batch."""
+
+    async def outbox_state(self) -> OutboxState:
+        """How many batches wait, and since when."""
+
+    async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
+        """Stored episodes matching any word of ``query``, best first; never deleted ones."""
+
     async def list_sessions(self) -> list[SessionRow]:
         """Every session the store knows, for inspection."""
 

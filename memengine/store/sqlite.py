@@ -321,8 +321,12 @@ class SQLiteStore:
 
     # -- retain outbox and recall ---------------------------------------------
 
-    def submit_retain(self, session_id: str, mode: RetainMode, through_seq: int | None, done: Completion[int]) -> None:
-        operation = functools.partial(sqlite_retain.enqueue, session_id=session_id, mode=mode, through_seq=through_seq)
+    def submit_retain(
+        self, session_id: str, mode: RetainMode, through_seq: int | None, limit: int | None, done: Completion[int]
+    ) -> None:
+        operation = functools.partial(
+            sqlite_retain.enqueue, session_id=session_id, mode=mode, through_seq=through_seq, limit=limit
+        )
         self._enqueue(_Submission(operation, True, done))
 
     async def enqueue_retain(self, session_id: str, mode: RetainMode) -> int:

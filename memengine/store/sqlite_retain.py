@@ -21,10 +21,12 @@ EpisodeFromRow = Callable[[tuple], Episode]
 _COLUMNS = "seq, id, role, content, created_at, metadata"
 
 
-def _live_episodes(conn: sqlite3.Connection, session_id: str, after: int, through: int) -> list[tuple]:
+def _live_episodes(
+    conn: sqlite3.Connection, session_id: str, after: int, through: int, limit: int = -1
+) -> list[tuple]:
     return conn.execute(
-        f"SELECT {_COLUMNS} FROM episodes WHERE session_id = ? AND seq > ? AND seq <= ? ORDER BY seq",
-        (session_id, after, through),
+        f"SELECT {_COLUMNS} FROM episodes WHERE session_id = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+        (session_id, after, through, limit),
     ).fetchall()
 
 
@@ -38,8 +40,14 @@ def _payload(rows: Sequence[tuple]) -> str:
     )
 
 
-def enqueue(conn: sqlite3.Connection, session_id: str, mode: RetainMode, through_seq: int | None = None) -> int:
-    """Put the session's un-retained episodes (up to ``through_seq``) in the outbox.
+def enqueue(
+    conn: sqlite3.Connection,
+    session_id: str,
+    mode: RetainMode,
+    through_seq: int | None = None,
+    limit: int | None = None,
+) -> int:
+    """Put the session's un-retained episodes (up to ``through_seq``, at most ``limit``) in the outbox.
 
     Returns the session's watermark afterwards (unchanged if there was nothing).
     """
@@ -51,7 +59,7 @@ def enqueue(conn: sqlite3.Connection, session_id: str, mode: RetainMode, through
         (through_seq,) = conn.execute(
             "SELECT coalesce(max(seq), 0) FROM episodes WHERE session_id = ?", (session_id,)
         ).fetchone()
-    new = _live_episodes(conn, session_id, retained_through, through_seq)
+    new = _live_episodes(conn, session_id, retained_through, through_seq, -1 if limit is None else limit)
     if not new:
         return retained_through
     last_seq = new[-1][0]
