@@ -170,6 +170,7 @@ async def open_engine(
     resume_pending_summaries: bool = True,
     retain_grace: float = 5.0,
     record_to: str | os.PathLike[str] | None = None,
+    synchronous: str = "NORMAL",
 ) -> AsyncIterator[Engine]:
     """Open the store at ``path`` and run an engine for the block's duration.
 
@@ -191,6 +192,10 @@ async def open_engine(
     ``retain_grace`` seconds; what is left stays in the outbox for the next
     start.
 
+    ``synchronous`` is SQLite's durability setting: ``"NORMAL"`` (default)
+    keeps every acknowledged write across a crash of the process (kill -9);
+    ``"FULL"`` also across a power loss, at the cost of an fsync per commit.
+
     With ``record_to``, every message a session handles is appended to that
     JSON-lines file (see :mod:`memengine.replay`); ``memengine replay`` plays
     such a log into a fresh store.
@@ -211,7 +216,7 @@ async def open_engine(
     if isinstance(retain_grace, bool) or not isinstance(retain_grace, (int, float)) or not retain_grace >= 0:
         raise ValueError(f"retain_grace must be a number of seconds >= 0, not {retain_grace!r}")
 
-    async with open_sqlite_store(path) as store, anyio.create_task_group() as background:
+    async with open_sqlite_store(path, synchronous=synchronous) as store, anyio.create_task_group() as background:
         recorder = None if record_to is None else MessageRecorder(record_to)
         delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, mode, config)
         plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)

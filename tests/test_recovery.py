@@ -94,3 +94,13 @@ async def test_memory_store_works(anyio_backend) -> None:
         context = await session.context(wait_for_summary=True)
         assert [e.seq for e in context.episodes] == [3, 4, 5]
         assert context.summarized_through == 2
+
+
+async def test_full_synchronous_mode_is_accepted_and_nonsense_refused(db_path) -> None:
+    async with open_engine(db_path, synchronous="FULL") as engine:
+        (episode,) = await engine.session("s").add([Episode("user", "fsynced")])
+        assert episode.seq == 1
+        assert engine.store._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="synchronous"):
+        async with open_engine(db_path, synchronous="SOMETIMES"):
+            pass
