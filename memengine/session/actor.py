@@ -87,6 +87,7 @@ class SessionActor:
         self._window = RawWindow(services.config.max_episodes, services.config.max_chars)
         self._retained_through = 0  # episodes up to here are in the retain outbox (or delivered)
         self._retain_in_flight = False
+        self._retain_settled: anyio.Event | None = None  # made only when a flush must wait
         # Summarizer bookkeeping.
         self._summary_in_flight = False
         self._retry_at: float | None = None
@@ -220,10 +221,10 @@ class SessionActor:
             if self._append_settled is None:
                 self._append_settled = anyio.Event()
             await self._append_settled.wait()
-        self._append_in_flight = True
         self._store.submit_append(
             self.session_id, self._last_seq + 1, message.episodes, functools.partial(self._appended, message)
         )
+        self._append_in_flight = True  # only once submitted: a refused submit leaves nothing in flight
 
     def _appended(self, message: AddEpisodes, results: AppendResult | None, error: BaseException | None) -> None:
         """Completion of an append, run by the store on the event loop right after its commit.
@@ -239,13 +240,14 @@ class SessionActor:
         if results is None:
             self._fail(message, error or StoreError("the append was not stored"))
             return
+        # Stored: answer first (nothing below may leave the caller waiting).
+        self._answer(message, tuple(episode for episode, _ in results))
         new = [episode for episode, is_new in results if is_new]
         if new:
             self._window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
             self._dispatch_summary()
             self._retain_if_due()
-        self._answer(message, tuple(episode for episode, _ in results))
 
     def _on_read(self, message: ReadContext) -> None:
         evicted_through = self._window.evicted_through
@@ -284,13 +286,16 @@ class SessionActor:
         plan = self._retain
         if plan is None or self._retain_in_flight or self._last_seq - self._retained_through < plan.every:
             return
-        self._retain_in_flight = True
         # Exactly retain_every episodes per batch; the completion checks for the next ones.
         self._store.submit_retain(self.session_id, plan.mode, self._last_seq, plan.every, self._retain_recorded)
+        self._retain_in_flight = True
 
     def _retain_recorded(self, retained_through: int | None, error: BaseException | None) -> None:
         """Completion of :meth:`_retain_if_due`, run by the store right after its commit."""
         self._retain_in_flight = False
+        settled, self._retain_settled = self._retain_settled, None
+        if settled is not None:
+            settled.set()
         if retained_through is None:
             log.error("session %r: recording a retain batch failed; it is retried", self.session_id, exc_info=error)
             return
@@ -301,6 +306,10 @@ class SessionActor:
     async def _flush_retain(self) -> None:
         plan = self._retain
         assert plan is not None
+        while self._retain_in_flight:  # one outbox write of this session at a time
+            if self._retain_settled is None:
+                self._retain_settled = anyio.Event()
+            await self._retain_settled.wait()
         self._retain_in_flight = True
         try:
             self._retained_through = await self._store.enqueue_retain(self.session_id, plan.mode)
