@@ -83,10 +83,9 @@ class Engine:
 
     async def retain_metrics(self) -> RetainMetrics:
         """Outbox depth, age of the oldest undelivered batch, deliveries and failures so far."""
-        if self._delivery is not None:
-            return await self._delivery.metrics()
         outbox = await self._services.store.outbox_state()
-        return RetainMetrics(outbox.depth, None if outbox.oldest_created_at is None else 0.0, 0, 0)
+        delivered, failures = (0, 0) if self._delivery is None else (self._delivery.delivered, self._delivery.failures)
+        return RetainMetrics.of(outbox, delivered, failures)
 
     def session(self, session_id: str) -> Session:
         """A handle on the session ``session_id``. Does no I/O.
@@ -213,8 +212,10 @@ async def open_engine(
     if max_concurrent_summaries < 1:
         raise ValueError("max_concurrent_summaries must be at least 1")
     mode = _retain_mode(retain_sink)
-    if isinstance(retain_grace, bool) or not isinstance(retain_grace, (int, float)) or not retain_grace >= 0:
-        raise ValueError(f"retain_grace must be a number of seconds >= 0, not {retain_grace!r}")
+    if isinstance(retain_grace, bool) or not isinstance(retain_grace, (int, float)):
+        raise TypeError(f"retain_grace must be a number of seconds, not {type(retain_grace).__name__}")
+    if not retain_grace >= 0:
+        raise ValueError(f"retain_grace must be >= 0 seconds, not {retain_grace!r}")
 
     async with open_sqlite_store(path, synchronous=synchronous) as store, anyio.create_task_group() as background:
         recorder = None if record_to is None else MessageRecorder(record_to)

@@ -37,10 +37,6 @@ class Mailbox(Generic[T]):
     def __len__(self) -> int:
         return len(self._queue)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def put(self, message: T) -> None:
         if self._closed:
             raise MailboxClosed
@@ -52,9 +48,6 @@ class Mailbox(Generic[T]):
         if self._queue:
             return self._queue.popleft()
         return None
-
-    def peek(self) -> T | None:
-        return self._queue[0] if self._queue else None
 
     async def wait_for_mail(self) -> None:
         """Return once the mailbox holds a message. Cancelling loses nothing."""

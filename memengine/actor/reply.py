@@ -25,10 +25,6 @@ class Reply(Generic[T]):
         self._value: T | None = None
         self._error: BaseException | None = None
 
-    @property
-    def is_set(self) -> bool:
-        return self._done.is_set()
-
     def set(self, value: T) -> None:
         if not self._done.is_set():
             self._value = value

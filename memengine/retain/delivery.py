@@ -23,7 +23,7 @@ import tenacity
 
 from ..config import SessionConfig
 from ..retrying import backoff_retrying
-from ..store.base import OutboxEntry, Store
+from ..store.base import OutboxEntry, OutboxState, Store
 from .batch import RetainBatch, RetainMode, RetainSink
 
 log = logging.getLogger("memengine.retain")
@@ -51,6 +51,11 @@ class RetainMetrics:
     oldest_undelivered_age: float | None  # seconds, None when the outbox is empty
     delivered: int
     delivery_failures: int  # failed sink calls, retries included
+
+    @classmethod
+    def of(cls, outbox: OutboxState, delivered: int, failures: int) -> RetainMetrics:
+        age = None if outbox.oldest_created_at is None else max(0.0, time.time() - outbox.oldest_created_at)
+        return cls(outbox.depth, age, delivered, failures)
 
 
 class RetainDelivery:
@@ -171,8 +176,3 @@ class RetainDelivery:
             outcome.exception() if outcome is not None else None,
             state.upcoming_sleep,
         )
-
-    async def metrics(self) -> RetainMetrics:
-        outbox = await self._store.outbox_state()
-        age = None if outbox.oldest_created_at is None else max(0.0, time.time() - outbox.oldest_created_at)
-        return RetainMetrics(outbox.depth, age, self.delivered, self.failures)

@@ -62,13 +62,7 @@ class _Submission:
 
 
 class SQLiteStore:
-    """The SQLite backend. Open it with :func:`open_sqlite_store`.
-
-    ``synchronous`` is SQLite's ``PRAGMA synchronous`` in WAL mode: ``"NORMAL"``
-    (default) keeps every acknowledged write across a crash of the process
-    (kill -9); ``"FULL"`` also across a power loss, at the cost of an fsync per
-    commit.
-    """
+    """The SQLite backend. Open it with :func:`open_sqlite_store`."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -108,7 +102,8 @@ class SQLiteStore:
             if self._unindexed >= RECALL_INDEX_EVERY:
                 # Indexing rows in batches costs a tenth of indexing each commit's few rows.
                 self._unindexed = 0
-                batch.append(_Submission(sqlite_recall.index_pending, True))
+                indexing = functools.partial(sqlite_recall.index_pending, limit=RECALL_INDEX_EVERY * 2)
+                batch.append(_Submission(indexing, True))
             committed, self._queue_committed = self._queue_committed, anyio.Event()
             # Shielded: a transaction that started is finished and its callers answered.
             with anyio.CancelScope(shield=True):
@@ -462,6 +457,10 @@ async def open_sqlite_store(
     path: str | os.PathLike[str] = "memengine.db", *, synchronous: str = "NORMAL"
 ) -> AsyncIterator[SQLiteStore]:
     """Open (creating and migrating if needed) a SQLite store for the block's duration.
+
+    ``synchronous`` is SQLite's ``PRAGMA synchronous`` in WAL mode: ``"NORMAL"``
+    keeps every acknowledged write across a crash of the process (kill -9);
+    ``"FULL"`` also across a power loss, at the cost of an fsync per commit.
 
     On exit, operations already submitted are committed and the file is closed.
     """

@@ -1,9 +1,10 @@
 """Full-text recall over the SQLite journal (FTS5, ranked by bm25).
 
 Indexing a row inside every small commit costs about ten times more than
-indexing rows in batches, so new rows are indexed in catch-up batches: in the
-background, and always at the start of a recall's own transaction, so every
-stored episode is searchable. A delete trigger removes a row from the index in
+indexing rows in batches, so new rows are indexed in bounded catch-up steps
+that ride along with a group commit every couple of thousand appends, and
+always in full at the start of a recall's own transaction, so every stored
+episode is searchable. A delete trigger removes a row from the index in
 the same transaction that deletes it (see schema.py): a deleted or cleared
 episode is never found.
 """

@@ -21,9 +21,7 @@ EpisodeFromRow = Callable[[tuple], Episode]
 _COLUMNS = "seq, id, role, content, created_at, metadata"
 
 
-def _live_episodes(
-    conn: sqlite3.Connection, session_id: str, after: int, through: int, limit: int = -1
-) -> list[tuple]:
+def _live_episodes(conn: sqlite3.Connection, session_id: str, after: int, through: int, limit: int = -1) -> list[tuple]:
     return conn.execute(
         f"SELECT {_COLUMNS} FROM episodes WHERE session_id = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
         (session_id, after, through, limit),
