@@ -11,6 +11,7 @@ import anyio
 import anyio.abc
 
 from .config import SessionConfig
+from .episode import require_text
 from .errors import EngineClosedError
 from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
@@ -92,16 +93,9 @@ class Engine:
 
         Raises ``ValueError`` for an empty id and ``TypeError`` for a non-string.
         """
-        if not isinstance(session_id, str):
-            raise TypeError(f"a session id is a str, not {type(session_id).__name__}")
-        if not session_id.strip():
-            raise ValueError("a session id must be a non-empty string")
+        require_text("a session id", session_id)
         if len(session_id) > MAX_SESSION_ID_CHARS:
             raise ValueError(f"a session id is at most {MAX_SESSION_ID_CHARS} characters, got {len(session_id)}")
-        try:
-            session_id.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"a session id must be valid Unicode text: {exc.reason}") from None
         return Session(self, session_id)
 
     def _deliver(self, session_id: str, message: ClientMessage) -> None:

@@ -30,21 +30,27 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _check_text(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
+def require_text(what: str, value: object) -> str:
+    """``value`` if it is a non-empty str storable as UTF-8; else TypeError/ValueError naming ``what``."""
     if not isinstance(value, str):
-        raise TypeError(f"Episode.{attribute.name} must be a str, not {type(value).__name__}")
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
     if not value.strip():
-        raise ValueError(f"Episode.{attribute.name} must be a non-empty string")
-    _check_encodable(attribute.name, value)
+        raise ValueError(f"{what} must be a non-empty string")
+    _check_encodable(what, value)
+    return value
 
 
-def _check_encodable(name: str, value: str) -> None:
+def _check_text(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
+    require_text(f"Episode.{attribute.name}", value)
+
+
+def _check_encodable(what: str, value: str) -> None:
     # A lone surrogate cannot be stored as UTF-8: reject it here, with a clear
     # message, rather than deep in the store after other episodes were written.
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"Episode.{name} is not valid Unicode text: {exc.reason}") from None
+        raise ValueError(f"{what} is not valid Unicode text: {exc.reason}") from None
 
 
 def _check_created_at(instance: Episode, attribute: attrs.Attribute[datetime], value: object) -> None:
@@ -55,7 +61,12 @@ def _check_created_at(instance: Episode, attribute: attrs.Attribute[datetime], v
 
 
 def snapshot_metadata(value: object) -> dict[str, Any]:
-    """A deep, JSON-exact copy of ``value``, or ``TypeError``/``ValueError``.
+    """See :func:`encode_metadata`; returns only the copy."""
+    return encode_metadata(value)[0]
+
+
+def encode_metadata(value: object) -> tuple[dict[str, Any], str]:
+    """A deep, JSON-exact copy of ``value`` and its JSON text, or ``TypeError``/``ValueError``.
 
     Metadata may hold only what JSON stores exactly: dicts with str keys,
     lists, str, int, finite float, bool and None. Anything else (tuples, int
@@ -72,14 +83,14 @@ def snapshot_metadata(value: object) -> dict[str, Any]:
         raise ValueError("Episode.metadata is nested too deeply") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"Episode.metadata must be JSON-serializable: {exc}") from None
-    _check_encodable("metadata", encoded)
+    _check_encodable("Episode.metadata", encoded)
     copy = json.loads(encoded)
     if copy != value or not _same_types(copy, value):
         raise TypeError(
             "Episode.metadata may hold only dicts with str keys, lists, str, int, float, bool and None "
             "(tuples, non-str keys and other types would not come back from the store as they went in)"
         )
-    return copy  # type: ignore[no-any-return]
+    return copy, encoded
 
 
 def _same_types(copy: object, original: object) -> bool:

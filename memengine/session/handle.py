@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -12,7 +11,7 @@ import anyio.lowlevel
 from ..actor.reply import Reply
 from ..config import SessionConfig
 from ..context import Context
-from ..episode import Episode, snapshot_metadata, stored_episode
+from ..episode import Episode, encode_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
 from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
 
@@ -151,8 +150,8 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[E
                 f"the limit is SessionConfig.max_content_chars={config.max_content_chars}"
             )
         if episode.metadata:
-            metadata = snapshot_metadata(episode.metadata)
-            size = len(json.dumps(metadata, ensure_ascii=False).encode("utf-8"))
+            metadata, encoded = encode_metadata(episode.metadata)
+            size = len(encoded.encode("utf-8"))
             if size > config.max_metadata_bytes:
                 raise ValueError(
                     f"episode {episode.id} has {size} bytes of metadata; "
