@@ -213,7 +213,7 @@ async def open_engine(
 
     async with open_sqlite_store(path, synchronous=synchronous) as store, anyio.create_task_group() as background:
         recorder = None if record_to is None else MessageRecorder(record_to)
-        delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, mode, config)
+        delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, config)
         plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
         slots = anyio.CapacityLimiter(max_concurrent_summaries)
         services = SessionServices(store, summarizer, config, slots, plan, recorder)

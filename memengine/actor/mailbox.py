@@ -34,9 +34,6 @@ class Mailbox(Generic[T]):
         self._arrived = anyio.Event()
         self._closed = False
 
-    def __len__(self) -> int:
-        return len(self._queue)
-
     def put(self, message: T) -> None:
         if self._closed:
             raise MailboxClosed

@@ -24,7 +24,7 @@ import tenacity
 from ..config import SessionConfig
 from ..retrying import backoff_retrying
 from ..store.base import OutboxEntry, OutboxState, Store
-from .batch import RetainBatch, RetainMode, RetainSink
+from .batch import RetainBatch, RetainSink
 
 log = logging.getLogger("memengine.retain")
 
@@ -59,10 +59,9 @@ class RetainMetrics:
 
 
 class RetainDelivery:
-    def __init__(self, store: Store, sink: RetainSink, mode: RetainMode, config: SessionConfig) -> None:
+    def __init__(self, store: Store, sink: RetainSink, config: SessionConfig) -> None:
         self._store = store
         self._sink = sink
-        self.mode = mode
         self._config = config
         self._work = anyio.Event()
         # One pass at a time: two passes reading the same outbox rows would send them twice.
