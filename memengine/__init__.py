@@ -8,7 +8,15 @@ from .config import SessionConfig
 from .context import Context
 from .engine import Engine, open_engine
 from .episode import Episode
-from .errors import EngineClosedError, MemEngineError, SessionClosedError, StoreError, SummaryError
+from .errors import (
+    EngineClosedError,
+    LeaseLostError,
+    MemEngineError,
+    SessionBusyError,
+    SessionClosedError,
+    StoreError,
+    SummaryError,
+)
 from .retain.batch import RetainBatch, RetainSink
 from .retain.delivery import RetainMetrics
 from .session.handle import Session
@@ -23,6 +31,7 @@ __all__ = [
     "EngineClosedError",
     "Episode",
     "ExtractiveSummarizer",
+    "LeaseLostError",
     "MemEngineError",
     "OpenAISummarizer",
     "Recalled",
@@ -30,6 +39,7 @@ __all__ = [
     "RetainMetrics",
     "RetainSink",
     "Session",
+    "SessionBusyError",
     "SessionClosedError",
     "SessionConfig",
     "StoreError",

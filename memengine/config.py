@@ -19,6 +19,11 @@ def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value
         raise ValueError(f"SessionConfig.{attribute.name} must be a positive, finite number of seconds, got {value}")
 
 
+def _non_negative_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or value != 0:
+        _positive_seconds(instance, attribute, value)
+
+
 def _optional_seconds(instance: object, attribute: attrs.Attribute[float | None], value: object) -> None:
     if value is not None:
         _positive_seconds(instance, attribute, value)
@@ -43,6 +48,13 @@ class SessionConfig:
     ``max_content_chars`` and ``max_metadata_bytes`` (metadata as UTF-8 JSON)
     bound what one episode may hold: ``add`` refuses a larger one with
     ``ValueError`` and stores nothing of that call.
+
+    ``lease_ttl`` is how long a process's ownership of an active session lasts
+    unless renewed (the engine renews every third of it): after a process
+    dies, its sessions are taken over within about this long. ``lease_wait``
+    is how long a call waits for a session another process owns before
+    raising :class:`~memengine.errors.SessionBusyError`; keep it above
+    ``lease_ttl`` so that a dead owner's sessions are taken over, not refused.
     """
 
     max_episodes: int = attrs.field(default=20, validator=_positive_int)
@@ -61,3 +73,5 @@ class SessionConfig:
     retain_backoff: float = attrs.field(default=0.5, validator=_positive_seconds)
     retain_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)
     retain_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
+    lease_ttl: float = attrs.field(default=10.0, validator=_positive_seconds)
+    lease_wait: float = attrs.field(default=12.0, validator=_non_negative_seconds)

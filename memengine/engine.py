@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -10,17 +11,18 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 
+from .actor.mailbox import MailboxClosed
 from .config import SessionConfig
 from .episode import require_text
-from .errors import EngineClosedError
+from .errors import EngineClosedError, LeaseLostError
 from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
 from .session.actor import RetainPlan, SessionActor, SessionServices
 from .session.handle import Session
-from .session.messages import ClientMessage, Tick
+from .session.messages import ClientMessage, LeaseLost, Tick
 from .store.base import Recalled, Store
-from .store.sqlite import open_sqlite_store
+from .store.open import open_store
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.protocol import Summarizer
 
@@ -122,11 +124,34 @@ class Engine:
             # A bug in one session must not take the engine (and every other session) down.
             log.exception("session %r stopped with an error", actor.session_id)
 
-    async def _resume_pending_summaries(self) -> None:
+    async def _recover_orphans(self, resume_summaries: bool, mode: RetainMode) -> None:
+        """Take on what no live process owns: at start, then every ``lease_ttl``.
+
+        Sessions left by a crashed run or a dead replica (their leases expired)
+        get their un-retained tails recorded for delivery and, if their evicted
+        episodes are unsummarized, are activated to summarize them.
+        """
+        interval = self._services.config.lease_ttl
+        orphaned_only = False  # at start: also sessions a crashed run of this same owner name left
+        while True:
+            if resume_summaries:
+                await self._resume_pending_summaries(orphaned_only)
+            await anyio.sleep(interval)
+            orphaned_only = True
+            if self._delivery is not None:
+                try:
+                    if await self._services.store.enqueue_all_retains(mode, orphaned_only=True):
+                        self._delivery.notify()
+                except Exception:
+                    log.exception("could not record the retain tails of sessions no process owns")
+
+    async def _resume_pending_summaries(self, orphaned_only: bool) -> None:
         """Activate sessions left with evicted, unsummarized episodes (by a crash or shutdown)."""
         config = self._services.config
         try:
-            pending = await self._services.store.sessions_needing_summary(config.max_episodes, config.max_chars)
+            pending = await self._services.store.sessions_needing_summary(
+                config.max_episodes, config.max_chars, orphaned_only=orphaned_only
+            )
         except Exception:
             log.exception("could not look for sessions with pending summaries")
             return
@@ -147,6 +172,39 @@ class Engine:
             for actor in self._actors.values():
                 actor.mailbox.put(tick)
 
+    async def _renew_leases(self) -> None:
+        """Every third of ``lease_ttl``, extend the lease of every active session in one statement.
+
+        A session whose lease could not be renewed (it expired while this
+        process was paused, and another took it over) is told to give up.
+        """
+        ttl = self._services.config.lease_ttl
+        while True:
+            await anyio.sleep(ttl / 3)
+            held = [(actor, actor.token) for actor in self._actors.values() if actor.token is not None]
+            if not held:
+                continue
+            asked_at = anyio.current_time()
+            try:
+                renewed = await self._services.store.renew_leases(
+                    [(actor.session_id, token) for actor, token in held], ttl
+                )
+            except Exception:
+                # The writes themselves stay fenced; reads renew on their own once the lease may have lapsed.
+                log.exception("renewing session leases failed; retrying in %.1f s", ttl / 3)
+                continue
+            for actor, token in held:
+                if actor.token != token:
+                    continue  # activated again meanwhile
+                if actor.session_id in renewed:
+                    actor.lease_renewed(asked_at)
+                else:
+                    lost = LeaseLostError(
+                        f"session {actor.session_id!r}: this process's lease expired or was taken over"
+                    )
+                    with contextlib.suppress(MailboxClosed):
+                        actor.mailbox.put(LeaseLost(lost))
+
     def _close(self) -> None:
         self._closed = True
         self._tasks.cancel_scope.cancel()
@@ -164,10 +222,19 @@ async def open_engine(
     retain_grace: float = 5.0,
     record_to: str | os.PathLike[str] | None = None,
     synchronous: str = "NORMAL",
+    owner: str | None = None,
 ) -> AsyncIterator[Engine]:
     """Open the store at ``path`` and run an engine for the block's duration.
 
-    ``path`` is a SQLite file (created if missing) or ``":memory:"``.
+    ``path`` is a SQLite file (created if missing), ``":memory:"``, or a
+    PostgreSQL URL (``postgresql://user@host/db``). Several processes may
+    serve the same sessions through one PostgreSQL database, or one SQLite
+    file on one machine: each session is owned by one process at a time
+    (a lease with a fencing token; see ``SessionConfig.lease_ttl``).
+    ``owner`` names this process in those leases (default: host, pid and a
+    random part). A process that restarts under the same name takes its
+    sessions back at once instead of waiting for their leases to expire;
+    never give two running processes the same name.
     ``summarizer`` defaults to the offline :class:`ExtractiveSummarizer`.
     ``max_concurrent_summaries`` caps summarizer calls in flight across all
     sessions. With ``resume_pending_summaries`` (default), sessions left with
@@ -185,7 +252,7 @@ async def open_engine(
     ``retain_grace`` seconds; what is left stays in the outbox for the next
     start.
 
-    ``synchronous`` is SQLite's durability setting: ``"NORMAL"`` (default)
+    ``synchronous`` is SQLite's durability setting (ignored for PostgreSQL): ``"NORMAL"`` (default)
     keeps every acknowledged write across a crash of the process (kill -9);
     ``"FULL"`` also across a power loss, at the cost of an fsync per commit.
 
@@ -211,7 +278,9 @@ async def open_engine(
     if not retain_grace >= 0:
         raise ValueError(f"retain_grace must be >= 0 seconds, not {retain_grace!r}")
 
-    async with open_sqlite_store(path, synchronous=synchronous) as store, anyio.create_task_group() as background:
+    if owner is not None:
+        require_text("owner", owner)
+    async with open_store(path, synchronous=synchronous, owner=owner) as store, anyio.create_task_group() as background:
         recorder = None if record_to is None else MessageRecorder(record_to)
         delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, config)
         plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
@@ -219,15 +288,16 @@ async def open_engine(
         services = SessionServices(store, summarizer, config, slots, plan, recorder)
         try:
             if delivery is not None:
-                # A crashed run's sessions never reached their exit boundary: hand on their tails now.
+                # A crashed run's sessions never reached their exit boundary: hand on their tails now
+                # (leases under this process's own name are a crashed predecessor's).
                 await store.enqueue_all_retains(mode)
                 background.start_soon(delivery.run)
             async with anyio.create_task_group() as tasks:
                 engine = Engine(services, tasks, delivery)
-                if resume_pending_summaries:
-                    tasks.start_soon(engine._resume_pending_summaries)
+                tasks.start_soon(engine._recover_orphans, resume_pending_summaries, mode)
                 if config.passivate_after is not None:
                     tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)
+                tasks.start_soon(engine._renew_leases)
                 try:
                     yield engine
                 finally:
@@ -235,13 +305,21 @@ async def open_engine(
         finally:
             # Every session actor has stopped. Leaving is a boundary for them
             # all; then the sink gets a bounded grace period.
-            with anyio.CancelScope(shield=True):
-                if delivery is not None:
-                    await store.enqueue_all_retains(mode)
-                    await delivery.drain(retain_grace)
-            background.cancel_scope.cancel()
-            if recorder is not None:
-                recorder.close()
+            try:
+                with anyio.CancelScope(shield=True):
+                    if delivery is not None:
+                        await store.enqueue_all_retains(mode)  # a failure here is raised to the caller
+                        await delivery.drain(retain_grace)
+            finally:
+                background.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    # Last: the delivery has stopped, so no claim can be taken after this.
+                    try:
+                        await store.release_leases()
+                    except Exception:
+                        log.exception("releasing this process's leases failed; they expire on their own")
+                if recorder is not None:
+                    recorder.close()
 
 
 def _retain_mode(sink: object) -> RetainMode:

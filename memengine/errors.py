@@ -33,3 +33,30 @@ class StoreError(MemEngineError):
 
 class SummaryError(MemEngineError):
     """A summarizer returned something that cannot be stored as a summary."""
+
+
+class SessionBusyError(MemEngineError):
+    """Another process owns the session (holds its lease) and did not give it up in time.
+
+    ``owner`` names that process; ``expires_in`` is how long its lease runs
+    unless renewed (seconds). Retry later, or route the session's traffic to
+    its owner.
+    """
+
+    def __init__(self, session_id: str, owner: str, expires_in: float, waited: float = 0.0) -> None:
+        super().__init__(
+            f"session {session_id!r} is owned by {owner!r} (its lease runs {max(expires_in, 0.0):.1f} s more "
+            f"unless renewed); waited {waited:.1f} s"
+        )
+        self.session_id = session_id
+        self.owner = owner
+        self.expires_in = expires_in
+
+
+class LeaseLostError(MemEngineError):
+    """This process no longer owns the session: its lease expired or another process took it over.
+
+    The operation was not stored (the store refuses writes under a stale
+    lease, in the same transaction). The session is given up here; calling
+    again activates it anew once no other process owns it.
+    """

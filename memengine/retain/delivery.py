@@ -8,6 +8,11 @@ batch leaves the outbox only after the sink returned; one the sink refuses is
 retried with backoff and jitter, then again after ``retain_retry_later``
 seconds, and after a restart. The batch's ``key`` lets a sink drop a batch it
 stored but could not acknowledge (a crash between the two).
+
+Where several processes share the store, each runs a delivery actor: a batch
+is sent only under a claim (see store/outbox.py), which only the oldest batch
+of a session can get, so each session's batches still go out once and in
+order; a dead process's claim lapses after ``CLAIM_SECONDS``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable
+from typing import Literal
 
 import anyio
 import attrs
@@ -30,6 +36,8 @@ log = logging.getLogger("memengine.retain")
 
 _BATCH_LIMIT = 500
 _CONCURRENT_SESSIONS = 8
+#: How long a claim on a batch lasts (renewed before every attempt): longer than a sink call should take.
+CLAIM_SECONDS = 60.0
 
 
 def _batch(entry: OutboxEntry) -> RetainBatch:
@@ -84,24 +92,31 @@ class RetainDelivery:
                     await self._work.wait()
 
     async def drain(self, grace: float) -> bool:
-        """Deliver until the outbox is empty or ``grace`` seconds passed; True if it emptied."""
+        """Deliver until nothing this process may send is left, or ``grace`` seconds passed.
+
+        True if everything was delivered (batches other processes hold are theirs).
+        """
         with anyio.move_on_after(grace):
             try:
-                while (await self._store.outbox_state()).depth:
-                    if not await self.deliver_pending():
-                        await anyio.sleep(min(self._config.retain_backoff, grace))
+                while True:
+                    if await self.deliver_pending(busy_is_done=True):
+                        break
+                    await anyio.sleep(min(self._config.retain_backoff, grace))  # back off before retrying
             except Exception:
                 log.exception("delivering the outbox at shutdown failed; the rest is delivered at the next start")
                 return False
             return True
         return False
 
-    async def deliver_pending(self) -> bool:
-        """One pass over the outbox; True if everything seen was delivered."""
-        async with self._pass:
-            return await self._deliver_pass()
+    async def deliver_pending(self, *, busy_is_done: bool = False) -> bool:
+        """One pass over the outbox; True if everything seen was delivered.
 
-    async def _deliver_pass(self) -> bool:
+        With ``busy_is_done``, batches another process holds count as done.
+        """
+        async with self._pass:
+            return await self._deliver_pass(busy_is_done)
+
+    async def _deliver_pass(self, busy_is_done: bool) -> bool:
         try:
             entries = await self._store.pending_retains(_BATCH_LIMIT)
         except Exception:
@@ -116,8 +131,10 @@ class RetainDelivery:
         async def deliver_session(batches: list[OutboxEntry]) -> None:
             async with slots:
                 for entry in batches:  # in order: stop at the first one not delivered
-                    if not await self._deliver(entry):
-                        outcome["all_delivered"] = False
+                    delivered = await self._deliver(entry)
+                    if delivered is not True:
+                        if not (delivered == "busy" and busy_is_done):
+                            outcome["all_delivered"] = False
                         return
 
         async with anyio.create_task_group() as sessions:
@@ -125,8 +142,11 @@ class RetainDelivery:
                 sessions.start_soon(deliver_session, batches)
         return outcome["all_delivered"] and len(entries) < _BATCH_LIMIT
 
-    async def _deliver(self, entry: OutboxEntry) -> bool:
-        """Send one batch (retrying); True once it is delivered or no longer exists."""
+    async def _deliver(self, entry: OutboxEntry) -> bool | Literal["busy"]:
+        """Send one batch (retrying); True once it is delivered or no longer exists.
+
+        ``"busy"`` if another process holds it (or an earlier batch of its session).
+        """
         config = self._config
         retrying = backoff_retrying(
             config.retain_attempts, config.retain_backoff, config.retain_backoff_max, self._count_failure
@@ -137,10 +157,12 @@ class RetainDelivery:
                     # Read the batch again before every call: a clear or delete
                     # since the pass began may have revised or dropped it, and a
                     # deleted episode must not be handed on after the delete returned.
-                    current = await self._store.retain_entry(entry.id, entry.key)
-                    if current is None:
+                    current = await self._store.claim_retain(entry.id, entry.key, CLAIM_SECONDS)
+                    if current == "gone":
                         return True
-                    await self._sink.retain(_batch(current))
+                    if current == "busy":
+                        return "busy"
+                    await self._sink.retain(_batch(current))  # type: ignore[arg-type]
         except Exception as exc:
             self.failures += 1
             log.error(

@@ -6,6 +6,12 @@ answered from memory. When the raw window overflows, evicted episodes go to the
 summarizer child; they stay visible raw until the child acknowledges a stored
 summary. Clear and delete change the session's generation, which fences off any
 summary computed before them.
+
+Across processes, a session is leased: the actor takes the lease when it
+activates (waiting up to ``lease_wait`` for another owner), every write
+carries the lease's fencing token, and the actor gives the session up as soon
+as a write is refused or the engine's renewal fails (a stale lease). Reads are
+answered from memory only while the lease is known to be valid.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ from typing import Any, NoReturn
 import anyio
 import attrs
 
-from ..actor.mailbox import Mailbox
+from ..actor.mailbox import Mailbox, MailboxClosed
 from ..config import SessionConfig
 from ..context import Context
-from ..errors import EngineClosedError, MemEngineError, StoreError
+from ..errors import EngineClosedError, LeaseLostError, MemEngineError, SessionBusyError, StoreError
 from ..replay import MessageRecorder
 from ..retain.batch import RetainMode
 from ..retain.delivery import RetainDelivery
@@ -35,6 +41,7 @@ from .messages import (
     ClientMessage,
     CloseSession,
     DeleteEpisodes,
+    LeaseLost,
     ReadContext,
     SessionMessage,
     SummaryFailed,
@@ -79,6 +86,11 @@ class SessionActor:
         self._summarizer = SummarizerActor(
             session_id, services.summarizer, services.store, services.config, services.summary_slots, self.mailbox.put
         )
+        # The lease: its fencing token once activated, and until when (by this
+        # process's clock) it is surely still ours.
+        self.token: int | None = None
+        self._lease_valid_until = -math.inf
+        self._lease_lost: LeaseLostError | None = None
         # State, recovered from the store on activation.
         self._generation = 0
         self._last_seq = 0
@@ -107,7 +119,10 @@ class SessionActor:
         stop_error: MemEngineError = EngineClosedError("the engine closed before answering")
         try:
             try:
-                snapshot = await self._store.load_session(self.session_id)
+                snapshot = await self._acquire()
+            except SessionBusyError as busy:
+                stop_error = busy
+                return
             except Exception as exc:
                 log.error("session %r could not be activated", self.session_id, exc_info=exc)
                 stop_error = StoreError(f"session {self.session_id!r} could not be loaded: {exc}")
@@ -116,12 +131,58 @@ class SessionActor:
                 children.start_soon(self._summarizer.run)
                 self._apply(snapshot)
                 await self._serve()
+                if self._lease_lost is not None:
+                    stop_error = self._lease_lost
                 self._stop(stop_error)  # passivating: leave the registry before any await
                 children.cancel_scope.cancel()
+            if self._lease_lost is None:
+                await self._release()
         finally:
             # Whatever ended the activation (passivation, shutdown, a bug), no
             # caller is left waiting on it.
             self._stop(stop_error)
+
+    async def _acquire(self) -> SessionSnapshot:
+        """Take the session's lease and load its state, waiting up to ``lease_wait`` for another owner."""
+        started = anyio.current_time()
+        pause = 0.02
+        while True:
+            attempt = anyio.current_time()
+            try:
+                self.token, snapshot = await self._store.activate(self.session_id, self._config.lease_ttl)
+            except SessionBusyError as busy:
+                waited = anyio.current_time() - started
+                left = self._config.lease_wait - waited
+                if left <= 0:
+                    raise SessionBusyError(self.session_id, busy.owner, busy.expires_in, waited) from None
+                await anyio.sleep(min(pause, left, max(busy.expires_in, 0.0) + 0.01))
+                pause = min(pause * 2, 0.5)
+                continue
+            self.lease_renewed(attempt)
+            return snapshot
+
+    def lease_renewed(self, asked_at: float) -> None:
+        """The store extended the lease at some moment after ``asked_at`` (this process's clock)."""
+        # A tenth of the ttl to spare: the two clocks may run at slightly different rates.
+        self._lease_valid_until = asked_at + self._config.lease_ttl * 0.9
+
+    async def _release(self) -> None:
+        assert self.token is not None
+        try:
+            await self._store.release_lease(self.session_id, self.token)
+        except Exception:
+            # Not fatal: the lease expires on its own (and this process may take it again at once).
+            log.exception("session %r: releasing its lease failed", self.session_id)
+
+    def _give_up(self, error: BaseException) -> None:
+        """A write was refused for a stale lease: stop serving the session from this process."""
+        if self._lease_lost is None:
+            log.warning("session %r: %s; giving it up", self.session_id, error)
+            self._lease_lost = (
+                error
+                if isinstance(error, LeaseLostError)
+                else LeaseLostError(f"session {self.session_id!r}: this process no longer owns it ({error})")
+            )
 
     def _stop(self, error: MemEngineError) -> None:
         """Leave the engine's registry and fail whatever was never answered.
@@ -152,10 +213,15 @@ class SessionActor:
                 self._handling = message
                 await self._handle(message)
                 self._handling = None
+                if self._lease_lost is not None:
+                    return
             elif self._may_passivate():
                 if self._has_unretained():
                     try:
                         await self._flush_retain()  # a boundary: hand on the partial batch first
+                    except LeaseLostError as lost:
+                        self._give_up(lost)
+                        return
                     except Exception:
                         # Stay active and try again at the next idle period or close.
                         log.exception("session %r: recording its retain batch failed", self.session_id)
@@ -193,6 +259,9 @@ class SessionActor:
             case Tick():
                 self._on_tick(message)
                 return
+            case LeaseLost():
+                self._give_up(message.error)
+                return
         self._active_since_tick = True
         self._idle_expired = False
         self._close_requested = False
@@ -201,7 +270,7 @@ class SessionActor:
                 case AddEpisodes():
                     await self._on_add(message)
                 case ReadContext():
-                    self._on_read(message)
+                    await self._on_read(message)
                 case DeleteEpisodes():
                     await self._on_delete(message)
                 case ClearSession():
@@ -213,6 +282,8 @@ class SessionActor:
         except Exception as exc:
             # The operation failed and the store rolled it back: tell its caller.
             self._fail(message, exc)
+            if isinstance(exc, LeaseLostError):
+                self._give_up(exc)
 
     async def _on_add(self, message: AddEpisodes) -> None:
         # The handler does not wait for the commit, so the actor goes on with
@@ -222,7 +293,11 @@ class SessionActor:
                 self._append_settled = anyio.Event()
             await self._append_settled.wait()
         self._store.submit_append(
-            self.session_id, self._last_seq + 1, message.episodes, functools.partial(self._appended, message)
+            self.session_id,
+            self._token(),
+            self._last_seq + 1,
+            message.episodes,
+            functools.partial(self._appended, message),
         )
         self._append_in_flight = True  # only once submitted: a refused submit leaves nothing in flight
 
@@ -239,6 +314,8 @@ class SessionActor:
             settled.set()
         if results is None:
             self._fail(message, error or StoreError("the append was not stored"))
+            if isinstance(error, LeaseLostError):
+                self._lost_meanwhile(error)
             return
         # Stored: answer first (nothing below may leave the caller waiting).
         self._answer(message, tuple(episode for episode, _ in results))
@@ -249,7 +326,15 @@ class SessionActor:
             self._dispatch_summary()
             self._retain_if_due()
 
-    def _on_read(self, message: ReadContext) -> None:
+    async def _on_read(self, message: ReadContext) -> None:
+        if anyio.current_time() >= self._lease_valid_until:
+            # Memory may be stale if another process took the session over: renew first.
+            asked_at = anyio.current_time()
+            if self.session_id not in await self._store.renew_leases(
+                [(self.session_id, self._token())], self._config.lease_ttl
+            ):
+                raise LeaseLostError(f"session {self.session_id!r}: this process's lease expired or was taken over")
+            self.lease_renewed(asked_at)
         evicted_through = self._window.evicted_through
         if message.wait_for_summary and evicted_through is not None:
             self._waiters.append((evicted_through, message))
@@ -257,13 +342,13 @@ class SessionActor:
             self._answer(message, self._context())
 
     async def _on_delete(self, message: DeleteEpisodes) -> None:
-        deleted, snapshot = await self._store.delete_episodes(self.session_id, message.seqs)
+        deleted, snapshot = await self._store.delete_episodes(self.session_id, self._token(), message.seqs)
         if deleted:
             self._apply(snapshot)
         self._answer(message, deleted)
 
     async def _on_clear(self, message: ClearSession) -> None:
-        self._apply(await self._store.clear_session(self.session_id))
+        self._apply(await self._store.clear_session(self.session_id, self._token()))
         self._answer(message, None)
 
     async def _on_close(self, message: CloseSession) -> None:
@@ -287,7 +372,9 @@ class SessionActor:
         if plan is None or self._retain_in_flight or self._last_seq - self._retained_through < plan.every:
             return
         # Exactly retain_every episodes per batch; the completion checks for the next ones.
-        self._store.submit_retain(self.session_id, plan.mode, self._last_seq, plan.every, self._retain_recorded)
+        self._store.submit_retain(
+            self.session_id, self._token(), plan.mode, self._last_seq, plan.every, self._retain_recorded
+        )
         self._retain_in_flight = True
 
     def _retain_recorded(self, retained_through: int | None, error: BaseException | None) -> None:
@@ -296,6 +383,9 @@ class SessionActor:
         settled, self._retain_settled = self._retain_settled, None
         if settled is not None:
             settled.set()
+        if isinstance(error, LeaseLostError):
+            self._lost_meanwhile(error)
+            return
         if retained_through is None:
             log.error("session %r: recording a retain batch failed; it is retried", self.session_id, exc_info=error)
             return
@@ -312,7 +402,7 @@ class SessionActor:
             await self._retain_settled.wait()
         self._retain_in_flight = True
         try:
-            self._retained_through = await self._store.enqueue_retain(self.session_id, plan.mode)
+            self._retained_through = await self._store.enqueue_retain(self.session_id, self._token(), plan.mode)
         finally:
             self._retain_in_flight = False
         plan.delivery.notify()
@@ -340,6 +430,9 @@ class SessionActor:
         self._dispatch_summary()
 
     def _on_summary_failed(self, message: SummaryFailed) -> None:
+        if isinstance(message.error, LeaseLostError):
+            self._give_up(message.error)
+            return
         if message.generation != self._generation:
             return
         self._summary_in_flight = False
@@ -365,8 +458,19 @@ class SessionActor:
         if not self._window.evicted or self._summary_in_flight or self._retry_at is not None:
             return
         batch = tuple(self._window.pending[: self._config.summarize_batch_max])
-        self._summarizer.submit(SummarizeBatch(self._generation, self._summary, batch))
+        self._summarizer.submit(SummarizeBatch(self._generation, self._summary, batch, self._token()))
         self._summary_in_flight = True
+
+    def _token(self) -> int:
+        assert self.token is not None, "a session writes only once activated"
+        return self.token
+
+    def _lost_meanwhile(self, error: LeaseLostError) -> None:
+        """A write submitted earlier was refused: wake the actor to give the session up."""
+        try:
+            self.mailbox.put(LeaseLost(error))
+        except MailboxClosed:
+            pass  # already stopped
 
     def _schedule_retry(self) -> None:
         self._retry_at = anyio.current_time() + self._config.summarize_retry_later

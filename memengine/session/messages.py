@@ -2,7 +2,8 @@
 
 Client messages carry a :class:`~memengine.actor.reply.Reply` the caller awaits.
 The summarizer child reports with :class:`SummaryStored` / :class:`SummaryFailed`;
-the engine's idle sweeper sends :class:`Tick`.
+the engine's idle sweeper sends :class:`Tick`, and :class:`LeaseLost` tells the
+actor to give the session up.
 """
 
 from __future__ import annotations
@@ -68,5 +69,12 @@ class Tick:
     now: float
 
 
+@attrs.frozen(eq=False)
+class LeaseLost:
+    """This process no longer owns the session (from a refused write or the engine's lease renewal)."""
+
+    error: BaseException
+
+
 ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | CloseSession
-SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick
+SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick | LeaseLost

@@ -10,11 +10,14 @@ still complete.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import attrs
 
 from ..episode import Episode
+
+if TYPE_CHECKING:
+    from ..retain.batch import RetainMode
 
 T = TypeVar("T")
 
@@ -89,11 +92,38 @@ class SessionRow:
 
 
 class Store(Protocol):
+    """What the engine needs of a backend (SQLite and PostgreSQL implement it).
+
+    Sessions are leased: :meth:`activate` takes a session's lease for this
+    store's ``owner`` and returns a fencing token. Every write of a session
+    carries its token, and the store refuses it with
+    :class:`~memengine.errors.LeaseLostError`, in the write's own transaction,
+    once the lease has expired or another process holds a newer token.
+    """
+
+    owner: str
+
+    async def activate(self, session_id: str, ttl: float) -> tuple[int, SessionSnapshot]:
+        """Take the session's lease for ``ttl`` seconds and load its state, in one transaction.
+
+        Returns the new fencing token and the session's state; raises
+        :class:`~memengine.errors.SessionBusyError` if another live owner holds it.
+        """
+
+    async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
+        """Extend these ``(session_id, token)`` leases to ``ttl`` from now; return those still ours."""
+
+    async def release_lease(self, session_id: str, token: int) -> None:
+        """Give the session up (nothing happens if the token is stale)."""
+
+    async def release_leases(self) -> None:
+        """Give up every lease this owner holds (engine exit)."""
+
     async def load_session(self, session_id: str) -> SessionSnapshot:
-        """The session's latest summary and the live episodes after it."""
+        """The session's latest summary and the live episodes after it (a read; no lease)."""
 
     def submit_append(
-        self, session_id: str, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
+        self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
     ) -> None:
         """Queue storing episodes with seqs from ``first_seq`` on, skipping ids already stored.
 
@@ -102,28 +132,39 @@ class Store(Protocol):
         queued after it completes. Operations run in the order submitted.
         """
 
-    async def store_summary(self, session_id: str, generation: int, through_seq: int, summary: str) -> bool:
+    async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
         """Upsert a summary of live episodes ``1..through_seq``.
 
         Returns ``False``, writing nothing, when ``generation`` is no longer the
         session's generation (checked in the same transaction as the write).
         """
 
-    async def delete_episodes(self, session_id: str, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
+    async def delete_episodes(self, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
         """Delete episodes and every summary covering any of them.
 
         When anything was deleted the generation changes. Returns the number of
         episodes deleted and the session's state afterwards.
         """
 
-    async def clear_session(self, session_id: str) -> SessionSnapshot:
+    async def clear_session(self, session_id: str, token: int) -> SessionSnapshot:
         """Delete every episode and summary of the session; the generation changes."""
 
-    async def sessions_needing_summary(self, max_episodes: int, max_chars: int) -> list[str]:
-        """Sessions whose unsummarized episodes overflow the given window."""
+    async def sessions_needing_summary(
+        self, max_episodes: int, max_chars: int, *, orphaned_only: bool = False
+    ) -> list[str]:
+        """Sessions no other live owner holds whose unsummarized episodes overflow the given window.
+
+        With ``orphaned_only``, only those whose owner died (lease expired, never released).
+        """
 
     def submit_retain(
-        self, session_id: str, mode: str, through_seq: int | None, limit: int | None, done: Completion[int]
+        self,
+        session_id: str,
+        token: int,
+        mode: RetainMode,
+        through_seq: int | None,
+        limit: int | None,
+        done: Completion[int],
     ) -> None:
         """Queue recording the session's un-retained episodes (at most ``limit``) as an outbox batch.
 
@@ -131,23 +172,30 @@ class Store(Protocol):
         gets the watermark afterwards.
         """
 
-    async def enqueue_retain(self, session_id: str, mode: str) -> int:
+    async def enqueue_retain(self, session_id: str, token: int, mode: RetainMode) -> int:
         """Record every un-retained episode of the session as one batch (a boundary); return the watermark."""
 
-    async def enqueue_all_retains(self, mode: str) -> list[str]:
-        """Record every session's un-retained tail (engine start and exit)."""
+    async def enqueue_all_retains(self, mode: RetainMode, *, orphaned_only: bool = False) -> list[str]:
+        """Record the un-retained tail of every session no other live owner holds (engine start and exit).
+
+        With ``orphaned_only``, only of sessions whose owner died (lease expired, never released).
+        """
 
     async def pending_retains(self, limit: int) -> list[OutboxEntry]:
         """Undelivered batches, oldest first."""
 
-    async def retain_entry(self, entry_id: int, key: str) -> OutboxEntry | None:
-        """One batch as it stands now, or ``None`` if a clear or delete dropped it."""
+    async def claim_retain(self, entry_id: int, key: str, ttl: float) -> OutboxEntry | Literal["gone", "busy"]:
+        """Claim a batch for sending, and return it as it stands now.
+
+        ``"gone"`` if a delivery, clear or delete removed it; ``"busy"`` if
+        another process holds it, or an earlier batch of its session.
+        """
 
     async def mark_retained(self, entry_id: int, key: str) -> None:
         """The sink accepted the batch: remove it from the outbox."""
 
     async def mark_retain_failed(self, entry_id: int, key: str, error: str) -> None:
-        """The sink refused the batch: count the attempt, keep the batch."""
+        """The sink refused the batch: count the attempt, keep the batch, let the claim go."""
 
     async def outbox_state(self) -> OutboxState:
         """How many batches wait, and since when."""

@@ -12,25 +12,25 @@ episode is never found.
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections.abc import Callable
 
 from ..episode import Episode
 from .base import Recalled
+from .dialect import Db
 
 _TERM = re.compile(r"\w+", re.UNICODE)
 
 
-def index_pending(conn: sqlite3.Connection, limit: int | None = None) -> int:
+def index_pending(db: Db, limit: int | None = None) -> int:
     """Index journal rows past the watermark (at most ``limit``); return how many."""
-    (indexed_through,) = conn.execute("SELECT indexed_through FROM fts_state WHERE id = 1").fetchone()
+    (indexed_through,) = db.execute("SELECT indexed_through FROM fts_state WHERE id = 1").fetchone()
     bound = "" if limit is None else f" ORDER BY rowid LIMIT {int(limit)}"
-    cursor = conn.execute(
+    cursor = db.execute(
         f"INSERT INTO episodes_fts (rowid, content) SELECT rowid, content FROM episodes WHERE rowid > ?{bound}",
         (indexed_through,),
     )
     if cursor.rowcount:
-        conn.execute(
+        db.execute(
             "UPDATE fts_state SET indexed_through = (SELECT max(rowid) FROM episodes_fts) WHERE id = 1",
         )
     return cursor.rowcount
@@ -45,14 +45,14 @@ def match_expression(query: str) -> str | None:
 
 
 def recall(
-    conn: sqlite3.Connection,
+    db: Db,
     query: str,
     session_id: str | None,
     limit: int,
     episode_from_row: Callable[[tuple], Episode],
 ) -> list[Recalled]:
     """Episodes matching any word of ``query``, best (bm25) first."""
-    index_pending(conn)
+    index_pending(db)
     expression = match_expression(query)
     if expression is None:
         return []
@@ -62,7 +62,7 @@ def recall(
         where += " AND e.session_id = ?"
         params.append(session_id)
     params.append(limit)
-    rows = conn.execute(
+    rows = db.execute(
         "SELECT e.session_id, e.seq, e.id, e.role, e.content, e.created_at, e.metadata, bm25(episodes_fts) "
         "FROM episodes_fts JOIN episodes AS e ON e.rowid = episodes_fts.rowid "
         f"WHERE {where} ORDER BY bm25(episodes_fts) LIMIT ?",

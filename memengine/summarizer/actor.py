@@ -33,11 +33,15 @@ log = logging.getLogger("memengine.summarizer")
 
 @attrs.frozen
 class SummarizeBatch:
-    """Fold ``episodes`` into ``previous``; valid only while the session is at ``generation``."""
+    """Fold ``episodes`` into ``previous``; valid only while the session is at ``generation``.
+
+    ``token`` is the session's lease: the summary is stored only while it holds.
+    """
 
     generation: int
     previous: str | None
     episodes: tuple[Episode, ...]
+    token: int
 
     @property
     def through_seq(self) -> int:
@@ -100,7 +104,9 @@ class SummarizerActor:
         try:
             async with self._limiter:
                 summary = await self._summarize_with_retries(batch)
-            stored = await self._store.store_summary(self._session_id, batch.generation, batch.through_seq, summary)
+            stored = await self._store.store_summary(
+                self._session_id, batch.token, batch.generation, batch.through_seq, summary
+            )
         except Exception as exc:
             log.error(
                 "session %r: summarizing episodes up to seq %d failed; they stay pending and are retried in %ss",

@@ -1,7 +1,9 @@
 """The SQLite schema, in one place, and its migrations.
 
 Migrations only add. They run once, when the engine opens the store, inside
-one transaction; ``PRAGMA user_version`` records how far a database has come.
+one transaction that holds SQLite's write lock, so processes opening a new
+file at once migrate it once; ``PRAGMA user_version`` records how far a
+database has come.
 A database newer than this code is refused rather than guessed at.
 """
 
@@ -97,7 +99,21 @@ def _add_retain_and_recall(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_create_journal, _add_retain_and_recall]
+def _add_leases(db: sqlite_utils.Database) -> None:
+    # One row per session ever activated: its owner (NULL once released), the
+    # fencing token (only ever grows) and the expiry, in unix seconds.
+    db["session_leases"].create(  # type: ignore[union-attr]
+        {"session_id": str, "owner": str, "token": int, "expires_at": float},
+        pk="session_id",
+        not_null={"token", "expires_at"},
+    )
+    db["session_leases"].create_index(["owner"], index_name="session_leases_by_owner")  # type: ignore[union-attr]
+    # A batch being sent is claimed by one process at a time.
+    db["retain_outbox"].add_column("claimed_by", str)  # type: ignore[union-attr]
+    db["retain_outbox"].add_column("claim_until", float)  # type: ignore[union-attr]
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_create_journal, _add_retain_and_recall, _add_leases]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,188 @@
+"""The session journal, written once for every backend (see dialect.py).
+
+A session is event-sourced: episodes keyed by ``(session_id, seq)``, summary
+snapshots keyed by ``(session_id, through_seq)`` and written by upsert, and a
+``sessions`` row holding the generation (which fences stale summaries), the
+seq floor (seqs are never reused) and the retain watermark. Every function
+runs inside a store transaction; those that write check the session's lease
+first (see leases.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from ..episode import Episode, stored_episode, with_seq
+from ..errors import StoreError
+from . import leases, outbox
+from .base import AppendResult, SessionRow, SessionSnapshot
+from .dialect import Db, placeholders
+
+EPISODE_COLUMNS = "seq, id, role, content, created_at, metadata"
+INSERT_SESSION = "INSERT INTO sessions (session_id) VALUES (?) ON CONFLICT DO NOTHING"
+INSERT_EPISODE = (
+    "INSERT INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+
+
+def episode_from_row(row: Sequence) -> Episode:
+    seq, episode_id, role, content, created_at, metadata = row
+    return stored_episode(role, content, episode_id, datetime.fromisoformat(created_at), json.loads(metadata), seq)
+
+
+def episode_row(session_id: str, seq: int, episode: Episode) -> tuple[str, int, str, str, str, str, str]:
+    metadata = json.dumps(episode.metadata, allow_nan=False, ensure_ascii=False) if episode.metadata else "{}"
+    return (session_id, seq, episode.id, episode.role, episode.content, episode.created_at.isoformat(), metadata)
+
+
+def appended(first_seq: int, episodes: Sequence[Episode]) -> AppendResult:
+    """The result of an append that found none of its ids already stored."""
+    return tuple((with_seq(episode, seq), True) for seq, episode in enumerate(episodes, first_seq))
+
+
+def append(db: Db, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode]) -> AppendResult:
+    """Store episodes one by one, skipping (and returning) those whose id is already stored."""
+    leases.require(db, session_id, token)
+    if first_seq == 1:
+        # A session's row exists once it has stored anything (or was cleared).
+        db.execute(INSERT_SESSION, (session_id,))
+    results: list[tuple[Episode, bool]] = []
+    seq = first_seq
+    for episode in episodes:
+        if db.execute(INSERT_EPISODE, episode_row(session_id, seq, episode)).rowcount:
+            results.append((with_seq(episode, seq), True))
+            seq += 1
+            continue
+        existing = db.execute(
+            f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND id = ?", (session_id, episode.id)
+        ).fetchone()
+        if existing is None:
+            # The id is new, so the seq itself was taken: the caller's idea of
+            # the session is stale (only possible if another writer shares it).
+            raise StoreError(f"seq {seq} of session {session_id!r} is already taken")
+        results.append((episode_from_row(existing), False))
+    return tuple(results)
+
+
+def store_summary(db: Db, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
+    leases.require(db, session_id, token)
+    cursor = db.execute(
+        "INSERT INTO summaries (session_id, through_seq, generation, summary, created_at) "
+        "SELECT ?, ?, ?, ?, ? "
+        "WHERE coalesce((SELECT generation FROM sessions WHERE session_id = ?), 0) = ? "
+        "ON CONFLICT (session_id, through_seq) DO UPDATE SET "
+        "generation = excluded.generation, summary = excluded.summary, created_at = excluded.created_at",
+        (session_id, through_seq, generation, summary, datetime.now(UTC).isoformat(), session_id, generation),
+    )
+    return bool(cursor.rowcount == 1)
+
+
+def delete_episodes(db: Db, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
+    leases.require(db, session_id, token)
+    wanted = sorted(set(seqs))
+    listed = placeholders(len(wanted))
+    existing = [
+        seq
+        for (seq,) in db.execute(
+            f"SELECT seq FROM episodes WHERE session_id = ? AND seq IN ({listed})", (session_id, *wanted)
+        ).fetchall()
+    ]
+    if not existing:
+        return 0, load(db, session_id)
+    # Before deleting: the seq floor must include the rows about to go.
+    _bump_generation(db, session_id)
+    db.execute(f"DELETE FROM episodes WHERE session_id = ? AND seq IN ({listed})", (session_id, *wanted))
+    # A summary through k covers every live episode up to k.
+    db.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq >= ?", (session_id, min(existing)))
+    # Deleted means deleted: undelivered retain batches lose them too.
+    outbox.revise_after_delete(db, session_id, existing)
+    return len(existing), load(db, session_id)
+
+
+def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
+    leases.require(db, session_id, token)
+    _bump_generation(db, session_id)
+    db.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
+    db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
+    outbox.drop_session(db, session_id)
+    return load(db, session_id)
+
+
+def sessions_needing_summary(
+    db: Db, owner: str, max_episodes: int, max_chars: int, orphaned_only: bool = False
+) -> list[str]:
+    """Sessions (not owned by another live process) whose unsummarized episodes overflow the window."""
+    condition, params = leases.unowned(owner, orphaned_only)
+    rows = db.execute(
+        "WITH latest AS ("
+        "  SELECT s.session_id, coalesce("
+        "    (SELECT max(through_seq) FROM summaries AS m WHERE m.session_id = s.session_id), 0) AS through"
+        f"  FROM sessions AS s WHERE {condition}) "
+        "SELECT latest.session_id FROM latest "
+        "JOIN episodes AS e ON e.session_id = latest.session_id AND e.seq > latest.through "
+        "GROUP BY latest.session_id HAVING count(*) > ? OR sum(length(e.content)) > ? "
+        "ORDER BY latest.session_id",
+        (*params, max_episodes, max_chars),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def list_sessions(db: Db) -> list[SessionRow]:
+    rows = db.execute(
+        "SELECT s.session_id, s.generation, "
+        "  (SELECT count(*) FROM episodes AS e WHERE e.session_id = s.session_id), "
+        "  coalesce((SELECT max(through_seq) FROM summaries AS m WHERE m.session_id = s.session_id), 0), "
+        "  {greatest}(s.seq_floor, coalesce("
+        "    (SELECT max(seq) FROM episodes AS e WHERE e.session_id = s.session_id), 0)) "
+        "FROM sessions AS s ORDER BY s.session_id"
+    ).fetchall()
+    return [SessionRow(*row) for row in rows]
+
+
+def _bump_generation(db: Db, session_id: str) -> None:
+    db.execute(
+        "INSERT INTO sessions (session_id, generation, seq_floor) VALUES (?, 1, "
+        "  coalesce((SELECT max(seq) FROM episodes WHERE session_id = ?), 0)) "
+        "ON CONFLICT (session_id) DO UPDATE SET generation = sessions.generation + 1, "
+        "  seq_floor = {greatest}(sessions.seq_floor, excluded.seq_floor)",
+        (session_id, session_id),
+    )
+
+
+def load(db: Db, session_id: str) -> SessionSnapshot:
+    """The session's latest summary and the live episodes after it."""
+    session = db.execute(
+        "SELECT generation, seq_floor, retained_through FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    generation, seq_floor, retained_through = session if session is not None else (0, 0, 0)
+    latest = db.execute(
+        "SELECT through_seq, summary FROM summaries WHERE session_id = ? ORDER BY through_seq DESC LIMIT 1",
+        (session_id,),
+    ).fetchone()
+    summarized_through, summary = latest if latest is not None else (0, None)
+    episodes = tuple(
+        episode_from_row(row)
+        for row in db.execute(
+            f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND seq > ? ORDER BY seq",
+            (session_id, summarized_through),
+        ).fetchall()
+    )
+    (max_seq,) = db.execute("SELECT max(seq) FROM episodes WHERE session_id = ?", (session_id,)).fetchone()
+    return SessionSnapshot(
+        session_id=session_id,
+        generation=generation,
+        last_seq=max(seq_floor, max_seq or 0),
+        summary=summary,
+        summarized_through=summarized_through,
+        episodes=episodes,
+        retained_through=retained_through,
+    )
+
+
+def activate(db: Db, session_id: str, owner: str, ttl: float) -> tuple[int, SessionSnapshot]:
+    """Take the session's lease and load its state, in one transaction."""
+    token = leases.acquire(db, session_id, owner, ttl)
+    return token, load(db, session_id)

@@ -1,0 +1,107 @@
+"""Session leases: at most one process owns (writes) a session at a time.
+
+A lease row names the owner, a fencing token and an expiry, judged by the
+database's clock. Taking a session over (when its lease is free, expired or
+already ours) increments the token, so every earlier activation holds a stale
+one. Every write of a session checks its token and expiry inside the write's
+own transaction (locking the lease row on PostgreSQL, where a takeover must
+then wait for the write to commit): a paused or partitioned former owner can
+never write. Releasing keeps the row (and its token), so tokens never repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..errors import LeaseLostError, SessionBusyError
+from .dialect import Db
+
+
+def acquire(db: Db, session_id: str, owner: str, ttl: float) -> int:
+    """Take the session's lease for ``ttl`` seconds and return the new token, or raise SessionBusyError."""
+    row = db.execute(
+        "INSERT INTO session_leases (session_id, owner, token, expires_at) VALUES (?, ?, 1, {now} + ?) "
+        "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, token = session_leases.token + 1, "
+        "  expires_at = excluded.expires_at "
+        "WHERE session_leases.owner IS NULL OR session_leases.owner = excluded.owner "
+        "  OR session_leases.expires_at <= {now} "
+        "RETURNING token",
+        (session_id, owner, ttl),
+    ).fetchone()
+    if row is not None:
+        return int(row[0])
+    holder = db.execute(
+        "SELECT owner, expires_at - {now} FROM session_leases WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    if holder is None or holder[0] is None:  # released between the two statements (PostgreSQL)
+        return acquire(db, session_id, owner, ttl)
+    raise SessionBusyError(session_id, holder[0], float(holder[1]))
+
+
+def require(db: Db, session_id: str, token: int) -> None:
+    """Refuse the write (and with it its transaction's savepoint) unless ``token`` holds the live lease."""
+    row = db.execute(
+        "SELECT 1 FROM session_leases WHERE session_id = ? AND token = ? AND expires_at > {now}{for_share}",
+        (session_id, token),
+    ).fetchone()
+    if row is None:
+        raise LeaseLostError(
+            f"session {session_id!r}: this process's lease (token {token}) expired or was taken over; "
+            "nothing was stored"
+        )
+
+
+def all_held(db: Db, leases: Sequence[tuple[str, int]]) -> bool:
+    """Whether every ``(session_id, token)`` holds its live lease (one query for a group commit)."""
+    distinct = list(dict.fromkeys(leases))
+    values = ", ".join(["(?, ?)"] * len(distinct))
+    rows = db.execute(
+        f"SELECT session_id FROM session_leases WHERE expires_at > {{now}} "
+        f"AND (session_id, token) IN (VALUES {values}){{for_share}}",
+        [part for lease in distinct for part in lease],
+    ).fetchall()
+    return len(rows) == len(distinct)
+
+
+def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float) -> set[str]:
+    """Extend the given leases still held under their token; return the sessions renewed."""
+    held = list(dict.fromkeys(leases))
+    if not held:
+        return set()
+    values = ", ".join(["(?, ?)"] * len(held))
+    rows = db.execute(
+        f"UPDATE session_leases SET expires_at = {{now}} + ? "
+        f"WHERE owner = ? AND (session_id, token) IN (VALUES {values}) RETURNING session_id",
+        [ttl, owner, *(part for lease in held for part in lease)],
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
+def release(db: Db, session_id: str, token: int) -> None:
+    db.execute(
+        "UPDATE session_leases SET owner = NULL, expires_at = 0 WHERE session_id = ? AND token = ?",
+        (session_id, token),
+    )
+
+
+def release_all(db: Db, owner: str) -> None:
+    """Give up every session lease and retain claim of ``owner`` (engine exit)."""
+    db.execute("UPDATE session_leases SET owner = NULL, expires_at = 0 WHERE owner = ?", (owner,))
+    db.execute("UPDATE retain_outbox SET claimed_by = NULL, claim_until = NULL WHERE claimed_by = ?", (owner,))
+
+
+#: SQL condition: the session aliased ``s`` is not owned by a live process other than ``?``.
+NOT_OWNED_ELSEWHERE = (
+    "NOT EXISTS (SELECT 1 FROM session_leases AS l WHERE l.session_id = s.session_id "
+    "AND l.owner IS NOT NULL AND l.owner <> ? AND l.expires_at > {now})"
+)
+#: SQL condition: the session aliased ``s`` was left by an owner that died (its lease expired, never released).
+ORPHANED = (
+    "EXISTS (SELECT 1 FROM session_leases AS l WHERE l.session_id = s.session_id "
+    "AND l.owner IS NOT NULL AND l.expires_at <= {now})"
+)
+
+
+def unowned(owner: str, orphaned_only: bool) -> tuple[str, tuple[str, ...]]:
+    """The SQL condition (on sessions ``s``) and its parameters for sessions this owner may take on."""
+    return (ORPHANED, ()) if orphaned_only else (NOT_OWNED_ELSEWHERE, (owner,))

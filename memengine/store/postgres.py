@@ -1,0 +1,108 @@
+"""The PostgreSQL store: for several processes (or machines) serving the same sessions.
+
+The operations and the committer are shared with SQLite (committer.py,
+journal.py, outbox.py, leases.py): one connection per process, group commit,
+psycopg 3's blocking driver run in a worker thread, so it works the same under
+asyncio and trio. This module connects (reconnecting after a lost connection),
+inserts a run of appends with one ``unnest`` statement, and searches with
+PostgreSQL's full-text search (``ts_rank``, the ``simple`` configuration).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from . import journal
+from .base import Recalled
+from .committer import GroupCommitStore
+from .dialect import Db, postgres_dialect
+from .postgres_schema import migrate
+
+try:
+    import psycopg
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError("the PostgreSQL store needs psycopg 3: pip install 'memengine[postgres]'") from exc
+
+_TERM = re.compile(r"\w+", re.UNICODE)
+_INSERT_SESSIONS = "INSERT INTO sessions (session_id) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING"
+_INSERT_EPISODES = (
+    "INSERT INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
+    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) "
+    "ON CONFLICT DO NOTHING"
+)
+
+
+class PostgresStore(GroupCommitStore):
+    """The PostgreSQL backend. Open it with :func:`open_postgres_store`."""
+
+    def __init__(self, conn: psycopg.Connection[Any], url: str, owner: str | None = None) -> None:
+        super().__init__(conn, postgres_dialect(), owner)
+        self._url = url
+
+    def _in_transaction(self) -> bool:
+        return bool(self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
+
+    def _commit(self, batch: list[Any]) -> None:
+        if self._conn.closed:
+            # The server went away (restart, failover): the batch gets a new connection.
+            self._conn = _connect(self._url)
+        super()._commit(batch)
+
+    def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
+        if sessions:
+            db.conn.execute(_INSERT_SESSIONS, (sessions,))
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        cursor = db.conn.execute(_INSERT_EPISODES, columns)
+        return bool(cursor.rowcount == len(rows))
+
+    def _search(self, db: Db, query: str, session_id: str | None, limit: int) -> list[Recalled]:
+        terms = list(dict.fromkeys(term.lower() for term in _TERM.findall(query)))
+        if not terms:
+            return []
+        # Any word matches: an OR of plain queries, which take user text without syntax.
+        tsquery = " || ".join(["plainto_tsquery('simple', %s)"] * len(terms))
+        where = "to_tsvector('simple', e.content) @@ q.query"
+        params: list[object] = [*terms]
+        if session_id is not None:
+            where += " AND e.session_id = %s"
+            params.append(session_id)
+        params.append(limit)
+        rows = db.conn.execute(
+            "SELECT e.session_id, e.seq, e.id, e.role, e.content, e.created_at, e.metadata, "
+            "  ts_rank(to_tsvector('simple', e.content), q.query) AS score "
+            f"FROM episodes AS e, (SELECT {tsquery} AS query) AS q "
+            f"WHERE {where} ORDER BY score DESC, e.session_id, e.seq LIMIT %s",
+            params,
+        ).fetchall()
+        return [Recalled(row[0], journal.episode_from_row(row[1:7]), float(row[7])) for row in rows]
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True)
+
+
+@asynccontextmanager
+async def open_postgres_store(url: str, *, owner: str | None = None) -> AsyncIterator[PostgresStore]:
+    """Connect to PostgreSQL at ``url`` (creating and migrating the schema if needed) for the block's duration.
+
+    Tables go in the connection's ``search_path`` schema (``?options=-csearch_path%3Dmyschema``
+    in the URL picks another). On exit, operations already submitted are committed.
+    """
+    conn = await anyio.to_thread.run_sync(_connect, url)
+    store = PostgresStore(conn, url, owner)
+    try:
+        await anyio.to_thread.run_sync(migrate, conn)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(store._run_committer)
+            try:
+                yield store
+            finally:
+                await store.aclose()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(store._conn.close)
