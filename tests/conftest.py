@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import os
 import sqlite3
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,73 @@ class StoredRows:
         return self.query(
             "SELECT through_seq, summary FROM summaries WHERE session_id = ? ORDER BY through_seq", session_id
         )
+
+
+# -- store backends ---------------------------------------------------------------
+
+POSTGRES_SERVER = os.environ.get("MEMENGINE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_unreachable() -> str | None:
+    """Why PostgreSQL tests cannot run here, or None if they can."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install -e '.[test]')"
+    try:
+        psycopg.connect(POSTGRES_SERVER, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return f"no PostgreSQL server at {POSTGRES_SERVER} ({exc.__class__.__name__}: {str(exc).strip()[:200]})"
+    return None
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A fresh, empty schema on the test server; yields a URL whose search_path is that schema."""
+    import psycopg
+
+    reason = postgres_unreachable()
+    if reason is not None:
+        pytest.skip(reason)
+    schema = f"memengine_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_SERVER, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{POSTGRES_SERVER}?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(POSTGRES_SERVER, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where a store lives, for each backend every store must behave the same on."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "memory.db")
+        return
+    with postgres_schema() as url:
+        yield url
+
+
+class StoreRows:
+    """Reads what is really in either backend's tables, behind the engine's back (``?`` parameters)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, sql: str, *params: object) -> list[tuple]:
+        if self.url.startswith("postgresql://"):
+            import psycopg
+
+            with psycopg.connect(self.url) as conn:
+                return [tuple(row) for row in conn.execute(sql.replace("?", "%s"), params).fetchall()]
+        conn = sqlite3.connect(self.url)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def rows(store_url: str) -> StoreRows:
+    return StoreRows(store_url)

@@ -23,6 +23,10 @@ class StuckSummarizer:
         raise AssertionError("unreachable")
 
 
+#: The killed process and its restart share a name, so the restart takes the session back at once.
+RESTARTED_OWNER = "crash-worker"
+
+
 class StuckSink:
     async def retain(self, batch: object) -> None:
         await anyio.sleep_forever()
@@ -31,7 +35,9 @@ class StuckSink:
 async def main(path: str, session_id: str, count: int, retain_every: int | None) -> None:
     config = SessionConfig(max_episodes=3, retain_every=retain_every or 20)
     sink = StuckSink() if retain_every else None
-    async with open_engine(path, summarizer=StuckSummarizer(), retain_sink=sink, config=config) as engine:
+    async with open_engine(
+        path, summarizer=StuckSummarizer(), retain_sink=sink, config=config, owner=RESTARTED_OWNER
+    ) as engine:
         session = engine.session(session_id)
         for i in range(1, count + 1):
             (episode,) = await session.add([Episode("user", f"turn {i}")])

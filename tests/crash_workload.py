@@ -63,6 +63,11 @@ SESSIONS = ("alpha", "beta/δ", "gamma")
 WORDS = ("dog", "cat", "lisbon", "order", "tea", "blue", "river", "piano", "moon", "code")
 
 
+#: The killed run and its restart are one service restarting under its own name:
+#: the restart takes its sessions back at once rather than after their leases expire.
+RESTARTED_OWNER = "crash-workload"
+
+
 def config_for(seed: int) -> SessionConfig:
     """The engine settings of a seed's run (the test reopens the database with the same)."""
     rng = random.Random(f"config-{seed}")
@@ -370,7 +375,9 @@ async def main(path: str, seed: int, steps: int) -> None:
     delays = random.Random(f"delays-{seed}")
     summarizer = SlowFoldSummarizer(delays)
     sink = SideFileSink(path + ".sink", delays, output)
-    async with open_engine(path, summarizer=summarizer, retain_sink=sink, config=config_for(seed)) as engine:
+    async with open_engine(
+        path, summarizer=summarizer, retain_sink=sink, config=config_for(seed), owner=RESTARTED_OWNER
+    ) as engine:
         await Workload(engine, seed, output).run(steps)
 
 

@@ -53,7 +53,8 @@ async def test_stale_summary_is_refused_by_the_store_itself(db_path, stored) -> 
         await add_each(session, turns(2, prefix="secret"))
         before = await engine.store.load_session("s")
         await session.clear()
-        refused = await engine.store.store_summary("s", before.generation, 2, "secret 1|secret 2")
+        token = engine._actors["s"].token  # the live lease: only the generation is stale
+        refused = await engine.store.store_summary("s", token, before.generation, 2, "secret 1|secret 2")
         assert refused is False
     assert stored.summaries("s") == []
 

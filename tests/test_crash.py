@@ -12,6 +12,7 @@ import pytest
 
 from memengine import SessionConfig, open_engine
 
+from .crash_worker import RESTARTED_OWNER
 from .fakes import RecordingSink, RecordingSummarizer, covered
 
 pytestmark = pytest.mark.anyio
@@ -54,7 +55,9 @@ async def test_kill_9_mid_summary_loses_nothing_acknowledged(db_path, stored) ->
     assert stored.summaries("victim") == []
 
     summarizer = RecordingSummarizer()
-    async with open_engine(db_path, summarizer=summarizer, config=SessionConfig(max_episodes=3)) as engine:
+    async with open_engine(
+        db_path, summarizer=summarizer, config=SessionConfig(max_episodes=3), owner=RESTARTED_OWNER
+    ) as engine:
         context = await engine.session("victim").context(wait_for_summary=True)
     assert covered(context.summary) + [e.content for e in context.episodes] == [f"turn {i}" for i in range(1, 26)]
     assert context.summarized_through == 22
@@ -69,7 +72,9 @@ async def test_kill_9_before_delivery_then_restart_delivers_every_turn_once(db_p
 
     sink = RecordingSink()
     config = SessionConfig(max_episodes=3, retain_every=3)
-    async with open_engine(db_path, summarizer=RecordingSummarizer(), retain_sink=sink, config=config):
+    async with open_engine(
+        db_path, summarizer=RecordingSummarizer(), retain_sink=sink, config=config, owner=RESTARTED_OWNER
+    ):
         await sink.wait_for(3)  # the two batches, and the tail the crash never flushed
     assert sink.delivered_contents() == [f"turn {i}" for i in range(1, 9)]
     assert [(b.first_seq, b.last_seq) for b in sink.batches] == [(1, 3), (4, 6), (7, 8)]

@@ -68,7 +68,7 @@ import pytest
 
 from memengine import Episode, SessionConfig, open_engine
 
-from .crash_workload import SESSIONS, config_for, token
+from .crash_workload import RESTARTED_OWNER, SESSIONS, config_for, token
 from .fakes import RecordingSink, RecordingSummarizer, covered
 
 pytestmark = pytest.mark.anyio
@@ -375,7 +375,12 @@ async def restart_and_check(run: ChildRun, models: dict[str, SessionModel], db_p
     sink = RecordingSink()
     fresh: dict[str, tuple[int, str, str]] = {}
     async with open_engine(
-        db_path, summarizer=RecordingSummarizer(), retain_sink=sink, config=config, retain_grace=RESTART_TIMEOUT
+        db_path,
+        summarizer=RecordingSummarizer(),
+        retain_sink=sink,
+        config=config,
+        retain_grace=RESTART_TIMEOUT,
+        owner=RESTARTED_OWNER,
     ) as engine:
         await wait_for_pending_summaries(db_path, config)
         check_stored_summaries(run, models, db_path)

@@ -277,7 +277,7 @@ async def test_a_write_failing_for_one_session_fails_only_its_caller(db_path: Pa
     async with engine_with_faults(db_path) as (engine, faults):
         for name in ("bad", "good", "fine"):
             await engine.session(name).add([Episode("user", f"{name} 1")])
-        broken = faults.inject("INSERT OR IGNORE INTO episodes", session="bad")
+        broken = faults.inject("INSERT INTO episodes", session="bad")
         outcomes = await in_one_transaction(
             engine,
             faults,
@@ -312,14 +312,14 @@ async def test_a_failed_activation_fails_its_callers_and_a_later_call_succeeds(
             faults.inject("SELECT generation, seq_floor, retained_through FROM sessions", session="s")
         else:
             store: Any = engine.store
-            real_load = store.load_session
+            real_activate = store.activate
             error = sqlite3.OperationalError("database is locked") if "sqlite3" in how else StoreError("injected")
 
-            async def load_failing_once(session_id: str) -> Any:
-                store.load_session = real_load
+            async def activate_failing_once(session_id: str, ttl: float) -> Any:
+                store.activate = real_activate
                 raise error
 
-            store.load_session = load_failing_once
+            store.activate = activate_failing_once
         session = engine.session("s")
         outcomes: list[Outcome] = []
 
@@ -595,16 +595,16 @@ async def test_a_stalled_store_delays_writers_but_loses_nothing(db_path: Path, s
 async def test_a_slow_activation_holds_up_only_its_own_session(db_path: Path, stored: StoredRows) -> None:
     async with open_engine(db_path) as engine:
         store: Any = engine.store
-        real_load = store.load_session
+        real_activate = store.activate
         loading, loaded = anyio.Event(), anyio.Event()
 
-        async def slow_load(session_id: str) -> Any:
+        async def slow_activate(session_id: str, ttl: float) -> Any:
             if session_id == "slow":
                 loading.set()
                 await loaded.wait()
-            return await real_load(session_id)
+            return await real_activate(session_id, ttl)
 
-        store.load_session = slow_load
+        store.activate = slow_activate
         gave_up = anyio.CancelScope()
 
         async def impatient_add() -> None:

@@ -37,13 +37,14 @@ async def test_a_failing_write_fails_alone(db_path, stored) -> None:
         return done
 
     async with open_sqlite_store(db_path) as store:
-        store.submit_append("a", 1, [Episode("user", "a1", id="first")], record("a1"))
+        tokens = {name: (await store.activate(name, 60.0))[0] for name in "abc"}
+        store.submit_append("a", tokens["a"], 1, [Episode("user", "a1", id="first")], record("a1"))
         await store.load_session("a")  # a1 committed
         # Submitted together, so they share one transaction: a stale seq for "a" fails,
         # the other two appends must still be stored.
-        store.submit_append("b", 1, [Episode("user", "b1")], record("b1"))
-        store.submit_append("a", 1, [Episode("user", "a-stale", id="second")], record("stale"))
-        store.submit_append("c", 1, [Episode("user", "c1")], record("c1"))
+        store.submit_append("b", tokens["b"], 1, [Episode("user", "b1")], record("b1"))
+        store.submit_append("a", tokens["a"], 1, [Episode("user", "a-stale", id="second")], record("stale"))
+        store.submit_append("c", tokens["c"], 1, [Episode("user", "c1")], record("c1"))
         await store.load_session("c")
     assert outcomes["a1"] == [1] and outcomes["b1"] == [1] and outcomes["c1"] == [1]
     assert isinstance(outcomes["stale"], StoreError)

@@ -1,0 +1,175 @@
+"""One engine process of a multi-process test (see test_replicas.py).
+
+``python -m tests.replica_worker STORE BACKEND NAME MODE [SECONDS]`` opens an
+engine on STORE (a SQLite file or a PostgreSQL URL) under the owner name NAME,
+with short leases, and prints JSON lines on stdout:
+
+- every lease this process takes, renews and gives up, with the wall-clock
+  time (``{"op": "lease", ...}``), so the test can check single activation;
+- in ``hammer`` mode, for SECONDS: random adds and reads over 50 shared
+  sessions, each acknowledged add and each context read as it was returned;
+- in ``serve`` mode: one JSON command per stdin line (``add``, ``context``,
+  ``active``, ``exit``), answered with one line each.
+
+The summarizer is :func:`fakes.fold` (a summary lists what it covers), slowed
+by ``MEMENGINE_TEST_SUMMARY_DELAY`` seconds and tagged with NAME, so a summary
+stored by a process that lost its lease would be recognised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from memengine import Episode, LeaseLostError, MemEngineError, SessionBusyError, SessionConfig, open_engine
+
+from .fakes import fold
+
+SESSIONS = [f"shared-{n:02d}" for n in range(50)]
+CONFIG = SessionConfig(
+    max_episodes=4,
+    # Short by default: in the hammer, sessions move between the processes all the time.
+    passivate_after=float(os.environ.get("MEMENGINE_TEST_PASSIVATE_AFTER", "0.05")),
+    lease_ttl=float(os.environ.get("MEMENGINE_TEST_LEASE_TTL", "2.0")),
+    lease_wait=float(os.environ.get("MEMENGINE_TEST_LEASE_WAIT", "5.0")),
+    summarize_backoff=0.01,
+    summarize_retry_later=0.1,
+)
+
+
+def emit(**record: Any) -> None:
+    print(json.dumps(record), flush=True)
+
+
+class TaggedFold:
+    """fold(), marked with the process that computed it, after an optional delay."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.delay = float(os.environ.get("MEMENGINE_TEST_SUMMARY_DELAY", "0"))
+
+    async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+        if self.delay:
+            await anyio.sleep(self.delay)
+        summary = fold(previous, episodes)
+        emit(op="summarized", by=self.name, through=episodes[-1].seq, summary=summary)
+        return summary
+
+
+def log_leases(store: Any) -> None:
+    """Record every lease taken and given up (times are the wall clock, shared by the processes)."""
+    activate, renew, release, release_all = (
+        store.activate,
+        store.renew_leases,
+        store.release_lease,
+        store.release_leases,
+    )
+
+    async def logged_activate(session_id: str, ttl: float):
+        asked_at = time.time()
+        token, snapshot = await activate(session_id, ttl)
+        emit(op="lease", event="taken", session=session_id, token=token, at=time.time(), asked_at=asked_at, ttl=ttl)
+        return token, snapshot
+
+    async def logged_renew(held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
+        asked_at = time.time()
+        renewed = await renew(held, ttl)
+        leases = [[session_id, token] for session_id, token in held if session_id in renewed]
+        emit(op="lease", event="renewed", leases=leases, asked_at=asked_at, ttl=ttl)
+        return renewed
+
+    async def logged_release(session_id: str, token: int) -> None:
+        emit(op="lease", event="released", session=session_id, token=token, at=time.time())
+        await release(session_id, token)
+
+    async def logged_release_all() -> None:
+        emit(op="lease", event="released_all", at=time.time())
+        await release_all()
+
+    store.activate, store.renew_leases = logged_activate, logged_renew
+    store.release_lease, store.release_leases = logged_release, logged_release_all
+
+
+def context_record(session_id: str, context: Any) -> dict[str, Any]:
+    return {
+        "session": session_id,
+        "summary": context.summary,
+        "summarized_through": context.summarized_through,
+        "episodes": [[e.seq, e.id, e.content] for e in context.episodes],
+    }
+
+
+async def hammer(engine: Any, name: str, seconds: float) -> None:
+    rng = random.Random(name)
+    deadline = time.monotonic() + seconds
+    count = 0
+
+    async def one_client(client: int) -> None:
+        nonlocal count
+        while time.monotonic() < deadline:
+            session_id = rng.choice(SESSIONS)
+            handle = engine.session(session_id)
+            try:
+                if rng.random() < 0.7:
+                    count += 1
+                    episode = Episode("user", f"{name} {count}")
+                    (stored,) = await handle.add([episode])
+                    emit(op="ack", session=session_id, id=stored.id, seq=stored.seq, content=stored.content)
+                else:
+                    context = await handle.context()
+                    emit(op="read", **context_record(session_id, context))
+            except (SessionBusyError, LeaseLostError) as exc:
+                emit(op="refused", session=session_id, error=type(exc).__name__, message=str(exc))
+            await anyio.sleep(rng.random() * 0.01)
+
+    async with anyio.create_task_group() as clients:
+        for client in range(8):
+            clients.start_soon(one_client, client)
+
+
+async def serve(engine: Any) -> None:
+    while True:
+        line = await anyio.to_thread.run_sync(sys.stdin.readline)
+        if not line:
+            return
+        command = json.loads(line)
+        op = command["op"]
+        if op == "exit":
+            return
+        if op == "active":
+            emit(op="active", session=command["session"], active=engine.is_active(command["session"]))
+            continue
+        handle = engine.session(command["session"])
+        try:
+            if op == "add":
+                stored = await handle.add([Episode("user", text) for text in command["contents"]])
+                emit(op="ack", session=command["session"], seqs=[e.seq for e in stored])
+            elif op == "context":
+                context = await handle.context(wait_for_summary=command.get("wait", False))
+                emit(op="context", **context_record(command["session"], context))
+        except MemEngineError as exc:
+            emit(op="error", error=type(exc).__name__, message=str(exc))
+
+
+async def main(store: str, name: str, mode: str, seconds: float) -> None:
+    async with open_engine(store, summarizer=TaggedFold(name), config=CONFIG, owner=name) as engine:
+        log_leases(engine.store)
+        emit(op="ready", name=name)
+        if mode == "hammer":
+            await hammer(engine, name, seconds)
+        else:
+            await serve(engine)
+    emit(op="exited", name=name)
+
+
+if __name__ == "__main__":
+    store_arg, backend, name_arg, mode_arg = sys.argv[1:5]
+    seconds_arg = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    anyio.run(main, store_arg, name_arg, mode_arg, seconds_arg, backend=backend)

@@ -1,0 +1,314 @@
+"""Several engine processes, one truth: real processes sharing one store.
+
+Each test runs on PostgreSQL and on one SQLite file; the processes are
+``tests/replica_worker.py``, one on asyncio and one on trio. What is checked is
+what users and the database see: every acknowledged episode stored exactly
+once, dense seqs, reads without gap or overlap, one owner per session at a
+time (from the lease log each process prints), and the fate of a killed or
+paused owner's writes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import StoreRows, postgres_schema
+from .fakes import covered
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield str(tmp_path / "shared.db")
+        return
+    with postgres_schema() as url:
+        yield url
+
+
+class Worker:
+    """One replica process, its stdout parsed line by line."""
+
+    def __init__(self, store: str, backend: str, name: str, mode: str, seconds: float = 0, **env: str) -> None:
+        self.name = name
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.replica_worker", store, backend, name, mode, str(seconds)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        self.records: list[dict[str, Any]] = []
+        self.wait_for("ready")
+
+    def read(self) -> dict[str, Any]:
+        line = self.process.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise AssertionError(f"{self.name} exited: {self.process.wait()} {self.process.stderr.read()}")  # type: ignore[union-attr]
+        record = json.loads(line)
+        self.records.append(record)
+        return record
+
+    def wait_for(self, op: str) -> dict[str, Any]:
+        while True:
+            record = self.read()
+            if record["op"] == op:
+                return record
+
+    def ask(self, **command: Any) -> dict[str, Any]:
+        """Send one command; return its answer (skipping lease and summary lines)."""
+        self.process.stdin.write(json.dumps(command) + "\n")  # type: ignore[union-attr]
+        self.process.stdin.flush()  # type: ignore[union-attr]
+        while True:
+            record = self.read()
+            if record["op"] not in ("lease", "summarized"):
+                return record
+
+    def finish(self, timeout: float = 60) -> list[dict[str, Any]]:
+        """Let the process end on its own (after ``exit`` or its hammer time); return everything it printed."""
+        out, err = self.process.communicate(timeout=timeout)
+        self.records.extend(json.loads(line) for line in out.splitlines())
+        assert self.process.returncode == 0, f"{self.name} failed ({self.process.returncode}): {err[-3000:]}"
+        assert self.records[-1]["op"] == "exited", err[-3000:]
+        return self.records
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.process.send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+
+
+def lease_overlaps(records_by_process: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Times two processes owned one session at once, from the leases they logged.
+
+    A process owns a session from taking its lease until it releases it, or
+    until ``ttl`` after it last asked for the lease to be taken or renewed
+    (the store's expiry is at least that late), whichever comes first.
+    """
+    taken: dict[tuple[str, int], tuple[str, float]] = {}
+    confirmed: dict[tuple[str, int], float] = {}
+    ttls: dict[tuple[str, int], float] = {}
+    released: dict[tuple[str, int], float] = {}
+    released_all: dict[str, float] = {}
+    for name, records in records_by_process.items():
+        for r in records:
+            if r["op"] != "lease":
+                continue
+            if r["event"] == "taken":
+                lease = (r["session"], r["token"])
+                taken[lease] = (name, r["at"])
+                confirmed[lease], ttls[lease] = r["asked_at"], r["ttl"]
+            elif r["event"] == "renewed":
+                for session, token in r["leases"]:
+                    confirmed[(session, token)] = max(confirmed[(session, token)], r["asked_at"])
+            elif r["event"] == "released":
+                released[(r["session"], r["token"])] = r["at"]
+            else:
+                released_all[name] = r["at"]
+    problems = []
+    by_session: dict[str, list[int]] = defaultdict(list)
+    for session, token in taken:
+        by_session[session].append(token)
+    for session, tokens in by_session.items():
+        tokens.sort()
+        for earlier, later in itertools.pairwise(tokens):
+            owner, _ = taken[(session, earlier)]
+            next_owner, next_at = taken[(session, later)]
+            if owner == next_owner:
+                continue  # a process re-activating a session it just passivated
+            lease = (session, earlier)
+            end = min(
+                released.get(lease, math.inf),
+                released_all.get(owner, math.inf),
+                confirmed[lease] + ttls[lease],
+            )
+            if end > next_at:
+                problems.append(f"{session}: {owner} (token {earlier}) until {end}, {next_owner} from {next_at}")
+    return problems
+
+
+def test_two_processes_hammering_the_same_sessions_agree_on_one_truth(shared_store: str) -> None:
+    seconds = 6.0
+    workers = [
+        Worker(shared_store, "asyncio", "replica-a", "hammer", seconds),
+        Worker(shared_store, "trio", "replica-b", "hammer", seconds),
+    ]
+    try:
+        records = {worker.name: worker.finish() for worker in workers}
+    finally:
+        for worker in workers:
+            worker.stop()
+    everything = [r for rs in records.values() for r in rs]
+    acks = [r for r in everything if r["op"] == "ack"]
+    reads = [r for r in everything if r["op"] == "read"]
+    assert len(acks) > 200 and len(reads) > 50, (len(acks), len(reads))
+    # Sessions really moved between the processes.
+    owners = defaultdict(set)
+    for name, rs in records.items():
+        for r in rs:
+            if r["op"] == "lease" and r["event"] == "taken":
+                owners[r["session"]].add(name)
+    assert sum(len(names) == 2 for names in owners.values()) >= 10, dict(owners)
+
+    rows = StoreRows(shared_store)
+    stored = defaultdict(list)
+    for session, seq, episode_id, content in rows.query(
+        "SELECT session_id, seq, id, content FROM episodes ORDER BY session_id, seq"
+    ):
+        stored[session].append((seq, episode_id, content))
+    # Every acknowledged episode is stored once, at the seq it was acknowledged with.
+    stored_by_id = {episode_id: (session, seq) for session, eps in stored.items() for seq, episode_id, _ in eps}
+    assert len(stored_by_id) == sum(len(eps) for eps in stored.values())
+    for ack in acks:
+        assert stored_by_id.get(ack["id"]) == (ack["session"], ack["seq"]), ack
+    assert len(stored_by_id) == len(acks)  # nothing stored that nobody acknowledged
+    # Seqs are dense and unique per session.
+    for session, eps in stored.items():
+        assert [seq for seq, _, _ in eps] == list(range(1, len(eps) + 1)), session
+    # Every read: the summary covers episodes 1..k and the raw episodes are exactly k+1.., as stored.
+    for read in reads:
+        contents = [content for _, _, content in stored[read["session"]]]
+        raw = read["episodes"]
+        k = read["summarized_through"]
+        assert covered(read["summary"]) == contents[:k], read
+        assert [seq for seq, _, _ in raw] == list(range(k + 1, k + 1 + len(raw))), read
+        assert [content for _, _, content in raw] == contents[k : k + len(raw)], read
+    # One owner at a time.
+    assert lease_overlaps(records) == []
+
+
+def test_a_killed_owner_is_taken_over_after_its_lease_expires_and_nothing_acknowledged_is_lost(
+    shared_store: str,
+) -> None:
+    env = {"MEMENGINE_TEST_LEASE_TTL": "1.5", "MEMENGINE_TEST_SUMMARY_DELAY": "3600"}  # its summary never ends
+    owner = Worker(shared_store, "asyncio", "doomed", "serve", **env)
+    try:
+        for n in range(1, 8):
+            assert owner.ask(op="add", session="s", contents=[f"turn {n}"])["seqs"] == [n]
+        killed_at = time.time()
+        owner.kill()  # kill -9, with a summary of turns 1..3 in flight
+    finally:
+        owner.stop()
+    heir = Worker(shared_store, "trio", "heir", "serve", MEMENGINE_TEST_LEASE_TTL="1.5")
+    try:
+        context = heir.ask(op="context", session="s", wait=True)
+        assert context["op"] == "context", context
+        assert covered(context["summary"]) + [c for _, _, c in context["episodes"]] == [
+            f"turn {n}" for n in range(1, 8)
+        ]
+        # The lease was renewed at most a third of its 1.5 s before the kill, so it ran at least 1 s more.
+        (taken,) = [r for r in heir.records if r["op"] == "lease" and r["event"] == "taken"]
+        assert taken["token"] == 2 and taken["at"] - killed_at >= 0.95, (taken, killed_at)
+        assert heir.ask(op="add", session="s", contents=["turn 8"])["seqs"] == [8]
+        heir.ask(op="exit")
+        heir.finish()
+    finally:
+        heir.stop()
+    rows = StoreRows(shared_store)
+    assert rows.query("SELECT seq, content FROM episodes ORDER BY seq") == [(n, f"turn {n}") for n in range(1, 9)]
+    # The killed owner's summary never landed: every stored summary is one the heir computed.
+    heir_summaries = {r["summary"] for r in heir.records if r["op"] == "summarized"}
+    stored_summaries = {summary for (summary,) in rows.query("SELECT summary FROM summaries")}
+    assert stored_summaries and stored_summaries <= heir_summaries
+
+
+def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_session_up(shared_store: str) -> None:
+    ttl = "1.0"
+    paused = Worker(
+        shared_store, "trio", "paused", "serve", MEMENGINE_TEST_LEASE_TTL=ttl, MEMENGINE_TEST_SUMMARY_DELAY="1.5"
+    )
+    heir = None
+    try:
+        for n in range(1, 6):
+            assert paused.ask(op="add", session="s", contents=[f"turn {n}"])["seqs"] == [n]
+        paused.kill(signal.SIGSTOP)  # mid-summary, holding the lease
+        time.sleep(2.0)  # past its lease
+        # The heir keeps the session (no passivation) while the paused owner comes back.
+        heir = Worker(
+            shared_store, "asyncio", "heir", "serve", MEMENGINE_TEST_LEASE_TTL=ttl, MEMENGINE_TEST_PASSIVATE_AFTER="60"
+        )
+        assert heir.ask(op="add", session="s", contents=["from the heir"])["seqs"] == [6]
+        paused.kill(signal.SIGCONT)
+        time.sleep(2.0)  # its summary call ends and tries to store; its renewal runs
+        answer = paused.ask(op="add", session="s", contents=["from the paused owner"])
+        assert answer["op"] == "error" and answer["error"] in ("LeaseLostError", "SessionBusyError"), answer
+        assert "heir" in answer["message"] or "lease" in answer["message"], answer
+        assert paused.ask(op="active", session="s")["active"] is False
+        context = heir.ask(op="context", session="s")
+        everything = covered(context["summary"]) + [c for _, _, c in context["episodes"]]
+        assert everything == [f"turn {n}" for n in range(1, 6)] + ["from the heir"]
+        for worker in (paused, heir):
+            worker.ask(op="exit")
+            worker.finish()
+    finally:
+        paused.kill(signal.SIGCONT) if paused.process.poll() is None else None
+        paused.stop()
+        if heir is not None:
+            heir.stop()
+    rows = StoreRows(shared_store)
+    assert [content for (content,) in rows.query("SELECT content FROM episodes ORDER BY seq")] == [
+        *(f"turn {n}" for n in range(1, 6)),
+        "from the heir",
+    ]
+    # The paused owner's summary was computed (it says so) but never stored.
+    paused_summaries = {r["summary"] for r in paused.records if r["op"] == "summarized"}
+    assert paused_summaries, "the paused owner's summary call should have finished after SIGCONT"
+    stored_summaries = {summary for (summary,) in rows.query("SELECT summary FROM summaries")}
+    heir_summaries = {r["summary"] for r in heir.records if r["op"] == "summarized"}
+    assert stored_summaries <= heir_summaries, (stored_summaries, paused_summaries)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_processes_opening_a_fresh_database_at_once_all_start(shared_store: str, attempt: int) -> None:
+    start_at = time.time() + 1.0
+    script = (
+        "import sys, time, anyio\n"
+        "from memengine import Episode, open_engine\n"
+        "async def main(store, name, start_at):\n"
+        "    time.sleep(max(0.0, start_at - time.time()))\n"
+        "    async with open_engine(store, owner=name) as engine:\n"
+        "        await engine.session(name).add([Episode('user', 'hello from ' + name)])\n"
+        "    print('ok', flush=True)\n"
+        "anyio.run(main, sys.argv[1], sys.argv[2], float(sys.argv[3]), backend=sys.argv[4])\n"
+    )
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, shared_store, f"boot-{n}", str(start_at), backend],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n, backend in enumerate(["asyncio", "trio", "asyncio"])
+    ]
+    outcomes = [process.communicate(timeout=60) for process in processes]
+    for process, (out, err) in zip(processes, outcomes, strict=True):
+        assert process.returncode == 0 and out.strip() == "ok", err[-3000:]
+    rows = StoreRows(shared_store)
+    assert sorted(rows.query("SELECT session_id, content FROM episodes")) == [
+        (f"boot-{n}", f"hello from boot-{n}") for n in range(3)
+    ]

@@ -1,0 +1,261 @@
+"""One set of tests every store backend must pass: SQLite and PostgreSQL.
+
+Each test runs on both backends (``store_url``) and both async libraries, and
+checks what the store really holds (``rows`` reads the tables behind its back).
+Two stores opened on one database stand for two processes: each has its own
+connection and its own owner name. PostgreSQL tests are skipped, with the
+reason shown, only when no server is reachable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from memengine import Episode, LeaseLostError, SessionBusyError, StoreError
+from memengine.store.open import open_store
+
+pytestmark = pytest.mark.anyio
+
+TTL = 60.0
+
+
+@asynccontextmanager
+async def two_processes(url: str) -> AsyncIterator[tuple]:
+    async with open_store(url, owner="process-a") as a, open_store(url, owner="process-b") as b:
+        yield a, b
+
+
+async def append(store, session_id: str, token: int, first_seq: int, *episodes: Episode):
+    """Append through the group committer and wait for the completion; return (results, error)."""
+    outcome: dict[str, object] = {}
+    done = anyio.Event()
+
+    def complete(result, error) -> None:
+        outcome["result"], outcome["error"] = result, error
+        done.set()
+
+    store.submit_append(session_id, token, first_seq, list(episodes), complete)
+    await done.wait()
+    return outcome["result"], outcome["error"]
+
+
+def says(*contents: str) -> list[Episode]:
+    return [Episode("user", content) for content in contents]
+
+
+async def test_appends_get_dense_seqs_and_re_sent_ids_are_skipped(store_url, rows) -> None:
+    async with open_store(store_url) as store:
+        token, snapshot = await store.activate("s", TTL)
+        assert snapshot.last_seq == 0 and snapshot.episodes == ()
+        first = Episode("user", "one", id="e1")
+        results, error = await append(store, "s", token, 1, first, *says("two"))
+        assert error is None and [(e.seq, new) for e, new in results] == [(1, True), (2, True)]
+        results, error = await append(store, "s", token, 3, Episode("user", "one again", id="e1"), *says("three"))
+        assert error is None
+        assert [(e.seq, e.content, new) for e, new in results] == [(1, "one", False), (3, "three", True)]
+        snapshot = await store.load_session("s")
+        assert [(e.seq, e.content) for e in snapshot.episodes] == [(1, "one"), (2, "two"), (3, "three")]
+    assert rows.query("SELECT seq, content FROM episodes WHERE session_id = ? ORDER BY seq", "s") == [
+        (1, "one"),
+        (2, "two"),
+        (3, "three"),
+    ]
+
+
+async def test_appends_of_many_sessions_share_a_commit_and_a_stale_one_fails_alone(store_url, rows) -> None:
+    async with open_store(store_url) as store:
+        tokens = {name: (await store.activate(name, TTL))[0] for name in "abc"}
+        await append(store, "a", tokens["a"], 1, *says("a1"))
+        outcomes = []
+        async with anyio.create_task_group() as group:
+            for name, first_seq in (("b", 1), ("a", 1), ("c", 1)):  # "a" reuses seq 1: stale
+
+                async def one(name: str = name, first_seq: int = first_seq) -> None:
+                    outcomes.append((name, await append(store, name, tokens[name], first_seq, *says(f"{name} new"))))
+
+                group.start_soon(one)
+    errors = {name: error for name, (_, error) in outcomes}
+    assert isinstance(errors["a"], StoreError) and errors["b"] is None and errors["c"] is None
+    assert rows.query("SELECT session_id, seq, content FROM episodes ORDER BY session_id, seq") == [
+        ("a", 1, "a1"),
+        ("b", 1, "b new"),
+        ("c", 1, "c new"),
+    ]
+
+
+async def test_summaries_are_upserted_and_fenced_by_generation(store_url, rows) -> None:
+    async with open_store(store_url) as store:
+        token, _ = await store.activate("s", TTL)
+        await append(store, "s", token, 1, *says("one", "two", "three"))
+        generation = (await store.load_session("s")).generation
+        assert await store.store_summary("s", token, generation, 2, "first try")
+        assert await store.store_summary("s", token, generation, 2, "second try")  # same key: no integrity error
+        assert rows.query("SELECT through_seq, summary FROM summaries WHERE session_id = ?", "s") == [(2, "second try")]
+        snapshot = await store.load_session("s")
+        assert (snapshot.summary, snapshot.summarized_through) == ("second try", 2)
+        assert [e.seq for e in snapshot.episodes] == [3]
+        await store.delete_episodes("s", token, [3])  # a new generation
+        assert not await store.store_summary("s", token, generation, 3, "stale")
+    assert rows.query("SELECT through_seq, summary FROM summaries WHERE session_id = ?", "s") == [(2, "second try")]
+
+
+async def test_delete_and_clear_remove_episodes_and_every_summary_of_them(store_url, rows) -> None:
+    async with open_store(store_url) as store:
+        token, _ = await store.activate("s", TTL)
+        await append(store, "s", token, 1, *says("one", "two", "three", "four"))
+        generation = (await store.load_session("s")).generation
+        await store.store_summary("s", token, generation, 1, "of one")
+        await store.store_summary("s", token, generation, 3, "of one to three")
+        deleted, snapshot = await store.delete_episodes("s", token, [2, 99])
+        assert deleted == 1 and snapshot.generation > generation
+        assert (snapshot.summary, snapshot.summarized_through) == ("of one", 1)
+        assert [e.seq for e in snapshot.episodes] == [3, 4]
+        snapshot = await store.clear_session("s", token)
+        assert snapshot.episodes == () and snapshot.summary is None and snapshot.last_seq == 4
+        results, _ = await append(store, "s", token, snapshot.last_seq + 1, *says("after clear"))
+        assert [e.seq for e, _ in results] == [5]  # seqs are never reused
+    assert rows.query("SELECT count(*) FROM summaries") == [(0,)]
+    assert rows.query("SELECT seq, content FROM episodes") == [(5, "after clear")]
+
+
+async def test_a_session_leased_by_one_process_is_busy_for_another(store_url) -> None:
+    async with two_processes(store_url) as (a, b):
+        token, _ = await a.activate("s", TTL)
+        with pytest.raises(SessionBusyError) as busy:
+            await b.activate("s", TTL)
+        assert busy.value.owner == "process-a" and busy.value.session_id == "s"
+        assert "process-a" in str(busy.value) and 0 < busy.value.expires_in <= TTL
+        await a.release_lease("s", token)
+        taken, _ = await b.activate("s", TTL)
+        assert taken == token + 1  # tokens only grow
+
+
+async def test_writes_under_a_stale_token_are_refused_and_store_nothing(store_url, rows) -> None:
+    async with two_processes(store_url) as (a, b):
+        old, _ = await a.activate("s", 0.2)
+        await append(a, "s", old, 1, *says("one"))
+        await anyio.sleep(0.3)  # a's lease expires (a "paused" owner)
+        new, snapshot = await b.activate("s", TTL)
+        assert new > old and [e.content for e in snapshot.episodes] == ["one"]
+        generation = snapshot.generation
+        _, error = await append(a, "s", old, 2, *says("from the paused owner"))
+        assert isinstance(error, LeaseLostError)
+        for write in (
+            a.store_summary("s", old, generation, 1, "stale summary"),
+            a.delete_episodes("s", old, [1]),
+            a.clear_session("s", old),
+            a.enqueue_retain("s", old, "append"),
+        ):
+            with pytest.raises(LeaseLostError):
+                await write
+        assert await a.renew_leases([("s", old)], TTL) == set()
+        assert await b.renew_leases([("s", new)], TTL) == {"s"}
+        _, error = await append(b, "s", new, 2, *says("from the new owner"))
+        assert error is None
+    assert rows.query("SELECT seq, content FROM episodes ORDER BY seq") == [(1, "one"), (2, "from the new owner")]
+    assert rows.query("SELECT count(*) FROM summaries") == [(0,)]
+    assert rows.query("SELECT count(*) FROM retain_outbox") == [(0,)]
+
+
+async def test_an_expired_but_untaken_lease_refuses_writes(store_url, rows) -> None:
+    async with open_store(store_url) as store:
+        token, _ = await store.activate("s", 0.2)
+        await anyio.sleep(0.3)
+        _, error = await append(store, "s", token, 1, *says("late"))
+        assert isinstance(error, LeaseLostError)
+    assert rows.query("SELECT count(*) FROM episodes") == [(0,)]
+
+
+async def test_the_outbox_sends_each_session_in_order_under_one_claim(store_url, rows) -> None:
+    async with two_processes(store_url) as (a, b):
+        token, _ = await a.activate("s", TTL)
+        await append(a, "s", token, 1, *says("one", "two", "three"))
+        await a.enqueue_retain("s", token, "append")
+        await append(a, "s", token, 4, *says("four"))
+        assert await a.enqueue_retain("s", token, "append") == 4
+        first, second = await b.pending_retains(10)
+        assert (first.first_seq, first.last_seq, second.first_seq, second.last_seq) == (1, 3, 4, 4)
+        assert await b.claim_retain(second.id, second.key, TTL) == "busy"  # not the oldest of its session
+        claimed = await b.claim_retain(first.id, first.key, TTL)
+        assert [e.content for e in claimed.episodes] == ["one", "two", "three"]
+        assert await a.claim_retain(first.id, first.key, TTL) == "busy"  # b holds it
+        await b.mark_retained(first.id, first.key)
+        assert await a.claim_retain(first.id, first.key, TTL) == "gone"
+        claimed = await a.claim_retain(second.id, second.key, TTL)
+        assert [e.content for e in claimed.episodes] == ["four"]
+        await a.mark_retain_failed(second.id, second.key, "sink down")
+        assert (await b.claim_retain(second.id, second.key, TTL)) != "busy"  # a failure lets the claim go
+        state = await a.outbox_state()
+        assert state.depth == 1
+
+
+async def test_delete_revises_and_clear_drops_undelivered_batches(store_url, rows) -> None:
+    async with open_store(store_url) as store:
+        token, _ = await store.activate("s", TTL)
+        await append(store, "s", token, 1, *says("keep", "secret", "keep too"))
+        await store.enqueue_retain("s", token, "append")
+        await store.delete_episodes("s", token, [2])
+        (entry,) = await store.pending_retains(10)
+        assert [e.content for e in entry.episodes] == ["keep", "keep too"]
+        await store.clear_session("s", token)
+        assert await store.pending_retains(10) == []
+    assert rows.query("SELECT count(*) FROM retain_outbox") == [(0,)]
+
+
+async def test_retain_tails_and_pending_summaries_skip_sessions_owned_elsewhere(store_url) -> None:
+    async with two_processes(store_url) as (a, b):
+        for name in ("mine", "theirs"):
+            token, _ = await a.activate(name, TTL)
+            await append(a, name, token, 1, *says("one", "two", "three"))
+            if name == "mine":
+                await a.release_lease(name, token)
+        assert await b.enqueue_all_retains("append") == ["mine"]
+        assert await b.sessions_needing_summary(2, 10_000) == ["mine"]
+        assert await a.sessions_needing_summary(2, 10_000) == ["mine", "theirs"]
+        assert await b.enqueue_all_retains("append", orphaned_only=True) == []  # "theirs" is alive
+
+
+async def test_recall_finds_stored_words_and_never_deleted_ones(store_url) -> None:
+    async with open_store(store_url) as store:
+        token, _ = await store.activate("s", TTL)
+        other, _ = await store.activate("t", TTL)
+        await append(store, "s", token, 1, *says("the cat sat on the mat", "a dog barked", "secret cat plans"))
+        await append(store, "t", other, 1, *says("another cat"))
+        found = await store.recall("cat", None, 10)
+        assert {(hit.session_id, hit.episode.seq) for hit in found} == {("s", 1), ("s", 3), ("t", 1)}
+        assert all(hit.score > 0 for hit in found)
+        assert [hit.episode.content for hit in await store.recall("dog OR", "s", 10)] == ["a dog barked"]
+        await store.delete_episodes("s", token, [3])
+        assert {hit.episode.content for hit in await store.recall("secret cat", "s", 10)} == {"the cat sat on the mat"}
+        assert await store.recall("'\")(*", None, 10) == []  # no query syntax reaches the engine
+
+
+async def test_two_processes_opening_a_fresh_database_at_once_both_start(store_url) -> None:
+    opened = []
+
+    async def open_one(name: str) -> None:
+        async with open_store(store_url, owner=name) as store:
+            token, _ = await store.activate(name, TTL)
+            await append(store, name, token, 1, *says(f"hello from {name}"))
+            opened.append(name)
+
+    async with anyio.create_task_group() as group:
+        for name in ("first", "second", "third"):
+            group.start_soon(open_one, name)
+    assert sorted(opened) == ["first", "second", "third"]
+
+
+async def test_a_newer_schema_is_refused_with_a_clear_error(store_url, rows) -> None:
+    async with open_store(store_url):
+        pass
+    if store_url.startswith("postgresql://"):
+        rows.query("UPDATE memengine_schema SET version = 99 RETURNING version")
+    else:
+        rows.query("PRAGMA user_version = 99")
+    with pytest.raises(StoreError, match="newer than this memengine understands"):
+        async with open_store(store_url):
+            pass
