@@ -69,7 +69,7 @@ async def test_schema_is_created_once_not_per_session(db_path) -> None:
             await engine.session(name).clear()
         engine.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
     assert statements
-    # FTS5 itself reads "PRAGMA 'main'.data_version" to check its cache (when a clear reaches the index): no schema work.
+    # FTS5 reads "PRAGMA 'main'.data_version" to check its cache (when a clear reaches the index): not schema work.
     schema_work = [
         s
         for s in statements

@@ -274,9 +274,9 @@ def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_sessi
         *(f"turn {n}" for n in range(1, 6)),
         "from the heir",
     ]
-    # The paused owner's summary was computed (it says so) but never stored.
+    # The paused owner's summary, whether it finished (and was refused) or was cancelled when the
+    # owner gave the session up, never landed: every stored summary is one the heir computed.
     paused_summaries = {r["summary"] for r in paused.records if r["op"] == "summarized"}
-    assert paused_summaries, "the paused owner's summary call should have finished after SIGCONT"
     stored_summaries = {summary for (summary,) in rows.query("SELECT summary FROM summaries")}
     heir_summaries = {r["summary"] for r in heir.records if r["op"] == "summarized"}
     assert stored_summaries <= heir_summaries, (stored_summaries, paused_summaries)
