@@ -22,7 +22,7 @@ import tenacity
 from ..actor.mailbox import Mailbox
 from ..config import SessionConfig
 from ..episode import Episode
-from ..errors import SummaryError
+from ..errors import LeaseLostError, SummaryError
 from ..retrying import backoff_retrying
 from ..session.messages import SummaryFailed, SummaryStored
 from ..store.base import Store
@@ -107,6 +107,10 @@ class SummarizerActor:
             stored = await self._store.store_summary(
                 self._session_id, batch.token, batch.generation, batch.through_seq, summary
             )
+        except LeaseLostError as exc:
+            # Not a failure to retry: another process owns the session now, and the session gives it up.
+            log.warning("session %r: summary up to seq %d not stored: %s", self._session_id, batch.through_seq, exc)
+            return SummaryFailed(batch.generation, batch.through_seq, exc)
         except Exception as exc:
             log.error(
                 "session %r: summarizing episodes up to seq %d failed; they stay pending and are retried in %ss",
