@@ -8,6 +8,8 @@ Each process serves its own 50 sessions (replicas behind a router that
 shards by session), with 50 concurrent writers adding one episode at a time
 (each ``add`` is durable when it returns), then 50 readers reading contexts,
 each for ``--seconds``. Processes start together and report their counts.
+The window is large enough that nothing is evicted: this measures the store
+and the leases, not the summarizer.
 
     python benchmarks/replicas.py [--seconds 5] [--postgres URL]
 """
@@ -32,7 +34,8 @@ DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 async def worker(store: str, index: int, seconds: float, start_at: float) -> None:
     from memengine import Episode, SessionConfig, open_engine
 
-    config = SessionConfig(passivate_after=None)
+    # No evictions: this measures the store and its leases, not the summarizer (see add_under_slow_summary.py).
+    config = SessionConfig(passivate_after=None, max_episodes=1_000_000, max_chars=1_000_000_000)
     async with open_engine(store, config=config, owner=f"bench-{index}") as engine:
         sessions = [engine.session(f"p{index}-s{n}") for n in range(SESSIONS_PER_PROCESS)]
         for session in sessions:
@@ -115,7 +118,10 @@ def main() -> None:
                 drop_schema(args.postgres, schema)
 
     base = results[0][2]
-    print(f"{SESSIONS_PER_PROCESS} sessions and 50 concurrent callers per process, {args.seconds:g} s per phase")
+    print(
+        f"{SESSIONS_PER_PROCESS} sessions and 50 concurrent callers per process, {args.seconds:g} s per phase, "
+        "no evictions"
+    )
     print(f"{'store':<11} {'processes':>9} {'adds/s':>10} {'x sqlite-1':>10} {'reads/s':>10} {'x sqlite-1':>10}")
     for backend, processes, rates in sorted(results, key=lambda r: (r[0] != "sqlite", r[1])):
         print(
