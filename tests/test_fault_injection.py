@@ -301,6 +301,32 @@ async def test_a_write_failing_for_one_session_fails_only_its_caller(db_path: Pa
     assert stored.episodes("fine") == [(1, "fine 1"), (2, "fine 2")]
 
 
+async def test_an_append_that_passed_in_the_batch_but_fails_on_its_own_retry_is_not_acknowledged(
+    db_path: Path, stored: StoredRows
+) -> None:
+    """A shared transaction fails; on the retry, one operation at a time, the append fails too.
+
+    The append's result from the rolled-back first attempt must not survive:
+    its caller is told it failed, and nothing of it is stored.
+    """
+    async with engine_with_faults(db_path) as (engine, faults):
+        for name in ("a", "b"):
+            await engine.session(name).add([Episode("user", f"{name} 1")])
+        # The batch's one-statement insert goes through; a's row-by-row retry fails.
+        faults.inject("INSERT INTO episodes", session="a", skip=1, times=1)
+        faults.inject("DELETE FROM episodes", session="b", times=1)  # fails the shared transaction
+        added, deleted = await in_one_transaction(
+            engine,
+            faults,
+            adding(engine, "a", Episode("user", "a 2")),
+            lambda: engine.session("b").delete_episodes([1]),
+        )
+        assert isinstance(added, StoreError), added
+        assert deleted == 1
+    assert stored.episodes("a") == [(1, "a 1")]
+    assert stored.episodes("b") == []
+
+
 @pytest.mark.parametrize("how", ["statement fails", "method raises sqlite3 error", "method raises StoreError"])
 async def test_a_failed_activation_fails_its_callers_and_a_later_call_succeeds(
     db_path: Path, stored: StoredRows, how: str

@@ -312,7 +312,7 @@ class SessionActor:
         settled, self._append_settled = self._append_settled, None
         if settled is not None:
             settled.set()
-        if results is None:
+        if error is not None or results is None:
             self._fail(message, error or StoreError("the append was not stored"))
             if isinstance(error, LeaseLostError):
                 self._lost_meanwhile(error)
@@ -386,7 +386,7 @@ class SessionActor:
         if isinstance(error, LeaseLostError):
             self._lost_meanwhile(error)
             return
-        if retained_through is None:
+        if error is not None or retained_through is None:
             log.error("session %r: recording a retain batch failed; it is retried", self.session_id, exc_info=error)
             return
         self._retained_through = retained_through

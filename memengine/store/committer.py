@@ -265,6 +265,8 @@ class GroupCommitStore:
         return all([self._run_one(db, submission) for submission in run])
 
     def _run_one(self, db: Db, submission: _Submission) -> bool:
+        # Nothing of an earlier, rolled-back attempt may survive (a result would say "stored").
+        submission.result = None
         submission.error = None
         try:
             submission.result = submission.operation(db)

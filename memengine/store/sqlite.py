@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -70,7 +71,18 @@ def _connect(path: str) -> sqlite3.Connection:
     # First, so that every later statement waits for another process's lock rather than failing.
     conn.execute("PRAGMA busy_timeout = 10000")
     if path != ":memory:":
-        conn.execute("PRAGMA journal_mode = WAL")
+        # Switching a new file to WAL can meet another process doing the same; SQLite then
+        # reports "locked" at once, without the busy timeout: wait for it here instead.
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.01)
     return conn
 
 
