@@ -16,7 +16,7 @@ import anyio
 import attrs
 
 from ..store.base import SessionRow, SessionSnapshot
-from ..store.sqlite import open_sqlite_store
+from ..store.open import is_postgres_url, open_store
 from .arguments import positive_int
 from .failures import EXPECTED_FAILURES, first_failure
 from .render import episode_lines, indented, one_line, summary_lines
@@ -40,7 +40,9 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
     parser = subcommands.add_parser(
         "inspect", help="list the sessions of a store, or show one session", description=DESCRIPTION
     )
-    parser.add_argument("db", type=Path, metavar="DB", help="a memengine SQLite file (never created by inspect)")
+    parser.add_argument(
+        "db", metavar="DB", help="a memengine SQLite file (never created by inspect), or a postgresql:// URL"
+    )
     parser.add_argument("session", nargs="?", metavar="SESSION", help="the id of the session to show")
     parser.add_argument(
         "--limit",
@@ -53,8 +55,8 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def run(options: argparse.Namespace) -> int:
     """Read the store and print the session list or one session; 2 if DB is unusable, 1 if SESSION is unknown."""
-    db: Path = options.db
-    problem = store_file_problem(db)
+    db: str = options.db
+    problem = None if is_postgres_url(db) else store_file_problem(Path(db))
     if problem is not None:
         print(f"memengine inspect: cannot read {db}: {problem}", file=sys.stderr)
         return 2
@@ -78,15 +80,15 @@ def run(options: argparse.Namespace) -> int:
     return 0
 
 
-async def read_store(db: Path, session_id: str | None) -> Findings:
+async def read_store(db: str | Path, session_id: str | None) -> Findings:
     """The session list and, if ``session_id`` is given, that session's snapshot."""
-    async with open_sqlite_store(db) as store:
+    async with open_store(db) as store:
         sessions = await store.list_sessions()
         snapshot = await store.load_session(session_id) if session_id is not None else None
     return Findings(sessions, snapshot)
 
 
-def _print_sessions(db: Path, sessions: list[SessionRow], limit: int | None) -> None:
+def _print_sessions(db: str, sessions: list[SessionRow], limit: int | None) -> None:
     count = f"{len(sessions)} session{'s' if len(sessions) != 1 else ''}"
     shown = sessions[:limit]
     more = f", showing the first {len(shown)}" if len(shown) < len(sessions) else ""
@@ -109,7 +111,7 @@ def _print_sessions(db: Path, sessions: list[SessionRow], limit: int | None) -> 
         print("  ".join(cells))
 
 
-def _print_session(db: Path, row: SessionRow, snapshot: SessionSnapshot, limit: int | None) -> None:
+def _print_session(db: str, row: SessionRow, snapshot: SessionSnapshot, limit: int | None) -> None:
     print(f"session {row.session_id!r} in {db}")
     print(f"  generation {row.generation}, {row.episodes} stored episodes, last seq {row.last_seq}")
     print(f"summary (covers seqs up to {snapshot.summarized_through}):")
