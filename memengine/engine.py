@@ -108,7 +108,7 @@ class Engine:
         actor.mailbox.put(message)
 
     def _activate(self, session_id: str) -> SessionActor:
-        actor = SessionActor(session_id, self._services, self._forget)
+        actor = SessionActor(session_id, self._services, self._forget, self._deliver)
         self._actors[session_id] = actor
         self._tasks.start_soon(self._run_actor, actor, name=f"memengine session {session_id!r}")
         return actor

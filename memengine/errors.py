@@ -31,6 +31,14 @@ class StoreError(MemEngineError):
     """The store failed to carry out an operation; nothing of it was committed."""
 
 
+class UncertainCommitError(StoreError):
+    """The connection to the database was lost while committing: the operation may or may not be stored.
+
+    The session is reloaded from the store before its next operation.
+    Retrying ``add`` is safe: adds are idempotent by episode id.
+    """
+
+
 class SummaryError(MemEngineError):
     """A summarizer returned something that cannot be stored as a summary."""
 

@@ -121,10 +121,13 @@ class StoreRows:
             import psycopg
 
             with psycopg.connect(self.url) as conn:
-                return [tuple(row) for row in conn.execute(sql.replace("?", "%s"), params).fetchall()]
-        conn = sqlite3.connect(self.url)
+                cursor = conn.execute(sql.replace("?", "%s"), params)
+                return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+        conn = sqlite3.connect(self.url, timeout=10)
         try:
-            return conn.execute(sql, params).fetchall()
+            result = conn.execute(sql, params).fetchall()
+            conn.commit()
+            return result
         finally:
             conn.close()
 

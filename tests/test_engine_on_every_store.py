@@ -7,9 +7,11 @@ rows the store holds.
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
-from memengine import Episode, SessionConfig, open_engine
+from memengine import Episode, LeaseLostError, SessionBusyError, SessionConfig, open_engine
+from memengine.store.open import open_store
 
 from .fakes import RecordingSink, RecordingSummarizer, covered
 
@@ -86,3 +88,68 @@ async def test_leases_are_released_when_the_engine_exits(store_url, rows) -> Non
     async with open_engine(store_url, owner="second", config=SessionConfig(lease_wait=0)) as engine:
         (episode,) = await engine.session("s").add(turns(1, start=2))  # no wait: the lease was released
         assert episode.seq == 2
+
+
+async def test_a_session_whose_lease_was_taken_refuses_the_write_and_reloads_for_the_next(store_url, rows) -> None:
+    config = SessionConfig(max_episodes=3, passivate_after=None, lease_wait=0.2)
+    async with open_engine(store_url, config=config, owner="first") as engine:
+        session = engine.session("s")
+        await session.add(turns(2))
+        # Another process takes the session over (as after this one was paused past its lease) and writes.
+        token = rows.query(
+            "UPDATE session_leases SET owner = 'other', token = token + 1, expires_at = expires_at + 600 "
+            "WHERE session_id = ? RETURNING token",
+            "s",
+        )[0]
+        rows.query(
+            "INSERT INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
+            "VALUES (?, 3, 'from-other', 'user', 'written by the other process', '2026-01-01T00:00:00+00:00', '{}')",
+            "s",
+        )
+        with pytest.raises(LeaseLostError, match="nothing was stored"):
+            await session.add([Episode("user", "from a stale owner")])
+        with pytest.raises(SessionBusyError, match="other"):
+            await engine.session("s").add([Episode("user", "while the other owns it")])
+        rows.query("UPDATE session_leases SET owner = NULL, expires_at = 0 WHERE session_id = ?", "s")
+        (episode,) = await engine.session("s").add([Episode("user", "after the other let go")])
+        assert episode.seq == 4  # reloaded from the store: the other's episode 3 is there
+        context = await engine.session("s").context()
+        assert [e.content for e in context.episodes][-2:] == ["written by the other process", "after the other let go"]
+        assert token[0] > 1
+    assert [content for (content,) in rows.query("SELECT content FROM episodes ORDER BY seq")] == [
+        "turn 1",
+        "turn 2",
+        "written by the other process",
+        "after the other let go",
+    ]
+
+
+async def test_a_batch_stays_claimed_while_a_slow_sink_call_outlasts_the_claim(store_url, monkeypatch) -> None:
+    from memengine.retain import delivery
+
+    monkeypatch.setattr(delivery, "CLAIM_SECONDS", 0.6)
+    entered, release = anyio.Event(), anyio.Event()
+
+    class SlowSink:
+        mode = "append"
+
+        def __init__(self) -> None:
+            self.batches: list = []
+
+        async def retain(self, batch) -> None:
+            entered.set()
+            await release.wait()
+            self.batches.append(batch)
+
+    sink = SlowSink()
+    async with (
+        open_engine(store_url, retain_sink=sink, config=SMALL) as engine,
+        open_store(store_url, owner="other process") as other,
+    ):
+        await engine.session("s").add(turns(4))  # one full batch
+        await entered.wait()
+        await anyio.sleep(1.5)  # well past the first claim
+        (entry,) = await other.pending_retains(10)
+        assert await other.claim_retain(entry.id, entry.key, 60.0) == "busy"
+        release.set()
+    assert [(b.first_seq, b.last_seq) for b in sink.batches] == [(1, 4)]

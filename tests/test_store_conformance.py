@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from memengine import Episode, LeaseLostError, SessionBusyError, StoreError
+from memengine.store.base import OutboxEntry
 from memengine.store.open import open_store
 
 pytestmark = pytest.mark.anyio
@@ -66,7 +67,7 @@ async def test_appends_get_dense_seqs_and_re_sent_ids_are_skipped(store_url, row
     ]
 
 
-async def test_appends_of_many_sessions_share_a_commit_and_a_stale_one_fails_alone(store_url, rows) -> None:
+async def test_appends_of_many_sessions_submitted_together_and_a_stale_one_fails_alone(store_url, rows) -> None:
     async with open_store(store_url) as store:
         tokens = {name: (await store.activate(name, TTL))[0] for name in "abc"}
         await append(store, "a", tokens["a"], 1, *says("a1"))
@@ -136,9 +137,10 @@ async def test_a_session_leased_by_one_process_is_busy_for_another(store_url) ->
 
 async def test_writes_under_a_stale_token_are_refused_and_store_nothing(store_url, rows) -> None:
     async with two_processes(store_url) as (a, b):
-        old, _ = await a.activate("s", 0.2)
-        await append(a, "s", old, 1, *says("one"))
-        await anyio.sleep(0.3)  # a's lease expires (a "paused" owner)
+        old, _ = await a.activate("s", 1.0)
+        _, error = await append(a, "s", old, 1, *says("one"))
+        assert error is None
+        await anyio.sleep(1.2)  # a's lease expires (a "paused" owner)
         new, snapshot = await b.activate("s", TTL)
         assert new > old and [e.content for e in snapshot.episodes] == ["one"]
         generation = snapshot.generation
@@ -163,10 +165,13 @@ async def test_writes_under_a_stale_token_are_refused_and_store_nothing(store_ur
 
 async def test_an_expired_but_untaken_lease_refuses_writes(store_url, rows) -> None:
     async with open_store(store_url) as store:
-        token, _ = await store.activate("s", 0.2)
-        await anyio.sleep(0.3)
+        token, _ = await store.activate("s", 0.5)
+        await anyio.sleep(0.7)
         _, error = await append(store, "s", token, 1, *says("late"))
         assert isinstance(error, LeaseLostError)
+        assert await store.renew_leases([("s", token)], TTL) == set()  # an expired lease is not revived
+        again, _ = await store.activate("s", TTL)
+        assert again == token + 1
     assert rows.query("SELECT count(*) FROM episodes") == [(0,)]
 
 
@@ -188,7 +193,8 @@ async def test_the_outbox_sends_each_session_in_order_under_one_claim(store_url,
         claimed = await a.claim_retain(second.id, second.key, TTL)
         assert [e.content for e in claimed.episodes] == ["four"]
         await a.mark_retain_failed(second.id, second.key, "sink down")
-        assert (await b.claim_retain(second.id, second.key, TTL)) != "busy"  # a failure lets the claim go
+        retried = await b.claim_retain(second.id, second.key, TTL)  # a failure lets the claim go
+        assert isinstance(retried, OutboxEntry) and retried.attempts == 1
         state = await a.outbox_state()
         assert state.depth == 1
 
@@ -259,3 +265,43 @@ async def test_a_newer_schema_is_refused_with_a_clear_error(store_url, rows) -> 
     with pytest.raises(StoreError, match="newer than this memengine understands"):
         async with open_store(store_url):
             pass
+
+
+async def test_a_busy_session_does_not_fail_the_operations_sharing_its_transaction(store_url, rows) -> None:
+    async with two_processes(store_url) as (a, b):
+        await a.activate("held", TTL)
+        token, _ = await b.activate("mine", TTL)
+        outcomes: dict[str, object] = {}
+
+        async def activate_held() -> None:
+            try:
+                await b.activate("held", TTL)
+            except SessionBusyError as busy:
+                outcomes["held"] = busy
+
+        async def add_mine() -> None:
+            outcomes["mine"] = await append(b, "mine", token, 1, *says("mine"))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(activate_held)
+            group.start_soon(add_mine)
+    assert isinstance(outcomes["held"], SessionBusyError) and outcomes["mine"][1] is None
+    assert rows.query("SELECT content FROM episodes") == [("mine",)]
+
+
+async def test_a_lost_postgresql_connection_fails_one_batch_and_the_store_reconnects(store_url) -> None:
+    if not store_url.startswith("postgresql://"):
+        pytest.skip("about PostgreSQL connections")
+    import psycopg
+
+    async with open_store(store_url) as store:
+        token, _ = await store.activate("s", TTL)
+        await append(store, "s", token, 1, *says("before"))
+        pid = store._conn.info.backend_pid  # type: ignore[attr-defined]
+        with psycopg.connect(store_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(StoreError):
+            await store.load_session("s")  # this batch meets the dead connection
+        _, error = await append(store, "s", token, 2, *says("after"))
+        assert error is None
+        assert [e.content for e in (await store.load_session("s")).episodes] == ["before", "after"]

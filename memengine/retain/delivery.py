@@ -36,7 +36,7 @@ log = logging.getLogger("memengine.retain")
 
 _BATCH_LIMIT = 500
 _CONCURRENT_SESSIONS = 8
-#: How long a claim on a batch lasts (renewed before every attempt): longer than a sink call should take.
+#: How long a claim on a batch lasts; it is extended every third of this while a sink call runs.
 CLAIM_SECONDS = 60.0
 
 
@@ -162,7 +162,8 @@ class RetainDelivery:
                         return True
                     if current == "busy":
                         return "busy"
-                    await self._sink.retain(_batch(current))  # type: ignore[arg-type]
+                    if not await self._send_holding_claim(current):  # type: ignore[arg-type]
+                        return "busy"  # the claim lapsed mid-call: another process sends it now
         except Exception as exc:
             self.failures += 1
             log.error(
@@ -178,6 +179,34 @@ class RetainDelivery:
         self.delivered += 1
         # If recording the delivery fails, the batch is sent again later with the same key.
         return await self._record(self._store.mark_retained(entry.id, entry.key))
+
+    async def _send_holding_claim(self, entry: OutboxEntry) -> bool:
+        """Hand the batch to the sink, extending the claim while the call lasts.
+
+        False if the claim could not be extended (this process was paused past
+        it, and another took the batch over): the call is then cancelled.
+        """
+        lost = False
+
+        async def hold(scope: anyio.CancelScope) -> None:
+            nonlocal lost
+            while True:
+                await anyio.sleep(CLAIM_SECONDS / 3)
+                try:
+                    again = await self._store.claim_retain(entry.id, entry.key, CLAIM_SECONDS)
+                except Exception:
+                    log.exception("extending a retain claim failed; the call goes on")
+                    continue
+                if isinstance(again, str):
+                    lost = True
+                    scope.cancel()
+                    return
+
+        async with anyio.create_task_group() as sending:
+            sending.start_soon(hold, sending.cancel_scope)
+            await self._sink.retain(_batch(entry))
+            sending.cancel_scope.cancel()
+        return not lost
 
     @staticmethod
     async def _record(operation: Awaitable[None]) -> bool:

@@ -28,7 +28,14 @@ import attrs
 from ..actor.mailbox import Mailbox, MailboxClosed
 from ..config import SessionConfig
 from ..context import Context
-from ..errors import EngineClosedError, LeaseLostError, MemEngineError, SessionBusyError, StoreError
+from ..errors import (
+    EngineClosedError,
+    LeaseLostError,
+    MemEngineError,
+    SessionBusyError,
+    StoreError,
+    UncertainCommitError,
+)
 from ..replay import MessageRecorder
 from ..retain.batch import RetainMode
 from ..retain.delivery import RetainDelivery
@@ -75,7 +82,13 @@ class SessionServices:
 
 
 class SessionActor:
-    def __init__(self, session_id: str, services: SessionServices, on_stop: Callable[[SessionActor], None]) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        services: SessionServices,
+        on_stop: Callable[[SessionActor], None],
+        redeliver: Callable[[str, ClientMessage], None] | None = None,
+    ) -> None:
         self.session_id = session_id
         self.mailbox: Mailbox[SessionMessage] = Mailbox()
         self._store = services.store
@@ -83,6 +96,7 @@ class SessionActor:
         self._retain = services.retain
         self._recorder = services.recorder
         self._on_stop = on_stop
+        self._redeliver = redeliver
         self._summarizer = SummarizerActor(
             session_id, services.summarizer, services.store, services.config, services.summary_slots, self.mailbox.put
         )
@@ -175,13 +189,17 @@ class SessionActor:
             log.exception("session %r: releasing its lease failed", self.session_id)
 
     def _give_up(self, error: BaseException) -> None:
-        """A write was refused for a stale lease: stop serving the session from this process."""
+        """This activation may no longer hold the store's truth (a stale lease, an uncertain commit): stop.
+
+        Messages not yet handled go to a new activation, which loads the
+        session from the store (waiting for another owner's lease if need be).
+        """
         if self._lease_lost is None:
             log.warning("session %r: %s; giving it up", self.session_id, error)
             self._lease_lost = (
                 error
                 if isinstance(error, LeaseLostError)
-                else LeaseLostError(f"session {self.session_id!r}: this process no longer owns it ({error})")
+                else LeaseLostError(f"session {self.session_id!r}: this activation gave the session up ({error})")
             )
 
     def _stop(self, error: MemEngineError) -> None:
@@ -192,6 +210,10 @@ class SessionActor:
         """
         self._on_stop(self)
         unanswered = self.mailbox.close()
+        if self._lease_lost is not None and self._redeliver is not None:
+            # Given up, not failed: what this activation never handled, a new one handles.
+            unanswered = [message for message in unanswered if not self._handed_on(message)]
+            self._waiters = [(target, read) for target, read in self._waiters if not self._handed_on(read)]
         if self._handling is not None:  # cancelled mid-handler
             unanswered.append(self._handling)
             self._handling = None
@@ -202,6 +224,17 @@ class SessionActor:
         for _, waiting in self._waiters:
             waiting.reply.fail(error)
         self._waiters.clear()
+
+    def _handed_on(self, message: SessionMessage) -> bool:
+        """Give an unhandled client message to a new activation; False if that is not possible."""
+        if getattr(message, "reply", None) is None:
+            return True  # the actor's own bookkeeping: nothing to hand on
+        assert self._redeliver is not None
+        try:
+            self._redeliver(self.session_id, message)  # type: ignore[arg-type]
+        except MemEngineError:
+            return False  # the engine is closing: the caller gets the error
+        return True
 
     async def _serve(self) -> None:
         while True:
@@ -314,7 +347,8 @@ class SessionActor:
             settled.set()
         if error is not None or results is None:
             self._fail(message, error or StoreError("the append was not stored"))
-            if isinstance(error, LeaseLostError):
+            if isinstance(error, LeaseLostError | UncertainCommitError):
+                # Either way this activation's state may no longer be the store's: let it go.
                 self._lost_meanwhile(error)
             return
         # Stored: answer first (nothing below may leave the caller waiting).

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import anyio
 
 from ..episode import Episode
-from ..errors import EngineClosedError, StoreError
+from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
 from . import journal, leases, outbox
 from .base import AppendResult, Completion, OutboxEntry, OutboxState, Recalled, SessionRow, SessionSnapshot
@@ -176,6 +176,7 @@ class GroupCommitStore:
         except errors as exc:
             self._rollback(db)
             for submission in batch:
+                submission.result = None
                 submission.error = StoreError(f"could not begin a transaction: {exc}")
             return True
         index = 0
@@ -214,14 +215,29 @@ class GroupCommitStore:
             db.execute("COMMIT")
         except errors as exc:
             self._rollback(db)
+            if self._connection_lost():
+                # The server may have committed before the connection went: say so.
+                error: StoreError = UncertainCommitError(
+                    f"the connection was lost while committing; the operation may or may not be stored ({exc})"
+                )
+            else:
+                error = StoreError(f"commit failed, nothing was stored: {exc}")
             for submission in batch:
                 submission.result = None
-                submission.error = StoreError(f"commit failed, nothing was stored: {exc}")
+                submission.error = error
         return True
 
+    def _connection_lost(self) -> bool:
+        return False
+
     def _rollback(self, db: Db) -> None:
-        if self._in_transaction():
-            db.execute("ROLLBACK")
+        """Roll back whatever is open; a connection that is gone has nothing open."""
+        try:
+            if self._in_transaction():
+                db.execute("ROLLBACK")
+        except self._dialect.errors:
+            if not self._connection_lost():
+                raise
 
     def _abandon(self, batch: list[_Submission], error: BaseException) -> None:
         self._rollback(Db(self._conn, self._dialect))
@@ -289,7 +305,10 @@ class GroupCommitStore:
     # -- sessions --------------------------------------------------------------
 
     async def activate(self, session_id: str, ttl: float) -> tuple[int, SessionSnapshot]:
-        return await self._submit(lambda db: journal.activate(db, session_id, self.owner, ttl))
+        activated = await self._submit(lambda db: journal.activate(db, session_id, self.owner, ttl))
+        if isinstance(activated, SessionBusyError):
+            raise activated
+        return activated
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
         return await self._submit(lambda db: leases.renew(db, self.owner, held, ttl))

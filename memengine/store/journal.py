@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from ..episode import Episode, stored_episode, with_seq
-from ..errors import StoreError
+from ..errors import SessionBusyError, StoreError
 from . import leases, outbox
 from .base import AppendResult, SessionRow, SessionSnapshot
 from .dialect import Db, placeholders
@@ -182,7 +182,9 @@ def load(db: Db, session_id: str) -> SessionSnapshot:
     )
 
 
-def activate(db: Db, session_id: str, owner: str, ttl: float) -> tuple[int, SessionSnapshot]:
-    """Take the session's lease and load its state, in one transaction."""
+def activate(db: Db, session_id: str, owner: str, ttl: float) -> tuple[int, SessionSnapshot] | SessionBusyError:
+    """Take the session's lease and load its state, in one transaction (or say who holds it)."""
     token = leases.acquire(db, session_id, owner, ttl)
+    if isinstance(token, SessionBusyError):
+        return token
     return token, load(db, session_id)

@@ -16,9 +16,19 @@ from collections.abc import Iterable, Sequence
 from ..errors import LeaseLostError, SessionBusyError
 from .dialect import Db
 
+_PER_STATEMENT = 1000  # leases per statement (two parameters each)
 
-def acquire(db: Db, session_id: str, owner: str, ttl: float) -> int:
-    """Take the session's lease for ``ttl`` seconds and return the new token, or raise SessionBusyError."""
+
+def acquire(db: Db, session_id: str, owner: str, ttl: float) -> int | SessionBusyError:
+    """Take the session's lease for ``ttl`` seconds and return the new token, or why not.
+
+    Busy is returned, not raised, so the transaction it shares with other
+    operations goes on; and a lease seen held is not touched (a refused
+    upsert would still lock its row on PostgreSQL).
+    """
+    busy = _held_elsewhere(db, session_id, owner)
+    if busy is not None:
+        return busy
     row = db.execute(
         "INSERT INTO session_leases (session_id, owner, token, expires_at) VALUES (?, ?, 1, {now} + ?) "
         "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, token = session_leases.token + 1, "
@@ -30,12 +40,17 @@ def acquire(db: Db, session_id: str, owner: str, ttl: float) -> int:
     ).fetchone()
     if row is not None:
         return int(row[0])
+    # Taken by another process since the check (PostgreSQL): report it.
+    return _held_elsewhere(db, session_id, owner) or acquire(db, session_id, owner, ttl)
+
+
+def _held_elsewhere(db: Db, session_id: str, owner: str) -> SessionBusyError | None:
     holder = db.execute(
         "SELECT owner, expires_at - {now} FROM session_leases WHERE session_id = ?", (session_id,)
     ).fetchone()
-    if holder is None or holder[0] is None:  # released between the two statements (PostgreSQL)
-        return acquire(db, session_id, owner, ttl)
-    raise SessionBusyError(session_id, holder[0], float(holder[1]))
+    if holder is None or holder[0] is None or holder[0] == owner or holder[1] <= 0:
+        return None
+    return SessionBusyError(session_id, holder[0], float(holder[1]))
 
 
 def require(db: Db, session_id: str, token: int) -> None:
@@ -54,6 +69,8 @@ def require(db: Db, session_id: str, token: int) -> None:
 def all_held(db: Db, leases: Sequence[tuple[str, int]]) -> bool:
     """Whether every ``(session_id, token)`` holds its live lease (one query for a group commit)."""
     distinct = list(dict.fromkeys(leases))
+    if len(distinct) > _PER_STATEMENT:
+        return False  # the caller checks each one on its own
     values = ", ".join(["(?, ?)"] * len(distinct))
     rows = db.execute(
         f"SELECT session_id FROM session_leases WHERE expires_at > {{now}} "
@@ -64,17 +81,24 @@ def all_held(db: Db, leases: Sequence[tuple[str, int]]) -> bool:
 
 
 def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float) -> set[str]:
-    """Extend the given leases still held under their token; return the sessions renewed."""
+    """Extend the given leases still held, unexpired, under their token; return the sessions renewed.
+
+    An expired lease is not revived, even if nobody took it yet: other
+    processes may already treat its session as orphaned.
+    """
     held = list(dict.fromkeys(leases))
-    if not held:
-        return set()
-    values = ", ".join(["(?, ?)"] * len(held))
-    rows = db.execute(
-        f"UPDATE session_leases SET expires_at = {{now}} + ? "
-        f"WHERE owner = ? AND (session_id, token) IN (VALUES {values}) RETURNING session_id",
-        [ttl, owner, *(part for lease in held for part in lease)],
-    ).fetchall()
-    return {row[0] for row in rows}
+    renewed: set[str] = set()
+    for start in range(0, len(held), _PER_STATEMENT):  # stay far below the drivers' parameter limits
+        chunk = held[start : start + _PER_STATEMENT]
+        values = ", ".join(["(?, ?)"] * len(chunk))
+        rows = db.execute(
+            f"UPDATE session_leases SET expires_at = {{now}} + ? "
+            f"WHERE owner = ? AND expires_at > {{now}} AND (session_id, token) IN (VALUES {values}) "
+            "RETURNING session_id",
+            [ttl, owner, *(part for lease in chunk for part in lease)],
+        ).fetchall()
+        renewed.update(row[0] for row in rows)
+    return renewed
 
 
 def release(db: Db, session_id: str, token: int) -> None:

@@ -45,7 +45,11 @@ class PostgresStore(GroupCommitStore):
         self._url = url
 
     def _in_transaction(self) -> bool:
-        return bool(self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
+        status = self._conn.info.transaction_status
+        return status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
+
+    def _connection_lost(self) -> bool:
+        return bool(self._conn.closed or self._conn.broken)
 
     def _commit(self, batch: list[Any]) -> None:
         if self._conn.closed:
