@@ -13,7 +13,10 @@ with short leases, and prints JSON lines on stdout:
 
 The summarizer is :func:`fakes.fold` (a summary lists what it covers), slowed
 by ``MEMENGINE_TEST_SUMMARY_DELAY`` seconds and tagged with NAME, so a summary
-stored by a process that lost its lease would be recognised.
+stored by a process that lost its lease would be recognised. For the
+single-owner check, an activation serves from the moment ``activate``
+returned until it asks for the release (it has stopped serving by then), or
+until its lease may have expired (``ttl`` after it last asked for it).
 """
 
 from __future__ import annotations
@@ -48,8 +51,20 @@ def emit(**record: Any) -> None:
     print(json.dumps(record), flush=True)
 
 
+TAG = "#by="
+
+
+def untagged(summary: str | None) -> str | None:
+    """The summary without the name of the process that computed it."""
+    return None if summary is None else summary.split(TAG)[0]
+
+
+def tagged_by(summary: str) -> str:
+    return summary.split(TAG)[1]
+
+
 class TaggedFold:
-    """fold(), marked with the process that computed it, after an optional delay."""
+    """fold(), tagged with the process that computed it (``...#by=NAME``), after an optional delay."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -58,7 +73,7 @@ class TaggedFold:
     async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
         if self.delay:
             await anyio.sleep(self.delay)
-        summary = fold(previous, episodes)
+        summary = f"{fold(untagged(previous), episodes)}{TAG}{self.name}"
         emit(op="summarized", by=self.name, through=episodes[-1].seq, summary=summary)
         return summary
 
@@ -86,11 +101,12 @@ def log_leases(store: Any) -> None:
         return renewed
 
     async def logged_release(session_id: str, token: int) -> None:
+        # The activation has stopped serving by now (it releases only after leaving the registry).
         emit(op="lease", event="released", session=session_id, token=token, at=time.time())
         await release(session_id, token)
 
     async def logged_release_all() -> None:
-        emit(op="lease", event="released_all", at=time.time())
+        emit(op="lease", event="released_all", at=time.time())  # every activation has stopped
         await release_all()
 
     store.activate, store.renew_leases = logged_activate, logged_renew
