@@ -16,6 +16,7 @@ from .errors import (
     SessionClosedError,
     StoreError,
     SummaryError,
+    UncertainCommitError,
 )
 from .retain.batch import RetainBatch, RetainSink
 from .retain.delivery import RetainMetrics
@@ -45,5 +46,6 @@ __all__ = [
     "StoreError",
     "Summarizer",
     "SummaryError",
+    "UncertainCommitError",
     "open_engine",
 ]

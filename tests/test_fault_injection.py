@@ -315,12 +315,26 @@ async def test_an_append_that_passed_in_the_batch_but_fails_on_its_own_retry_is_
         # The batch's one-statement insert goes through; a's row-by-row retry fails.
         faults.inject("INSERT INTO episodes", session="a", skip=1, times=1)
         faults.inject("DELETE FROM episodes", session="b", times=1)  # fails the shared transaction
-        added, deleted = await in_one_transaction(
-            engine,
-            faults,
-            adding(engine, "a", Episode("user", "a 2")),
-            lambda: engine.session("b").delete_episodes([1]),
-        )
+        # In this order in one transaction: the append first (its insert passes), then the failing delete.
+        hold = faults.inject("BEGIN", fail=False, stall=True, times=1)
+        outcomes: dict[str, Outcome] = {}
+
+        async def run(name: str, call: Callable[[], Awaitable[Any]]) -> None:
+            try:
+                outcomes[name] = await call()
+            except MemEngineError as error:
+                outcomes[name] = error
+
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as callers:
+                callers.start_soon(engine.store.list_sessions)
+                await hold.wait_for_hits()
+                callers.start_soon(run, "add", adding(engine, "a", Episode("user", "a 2")))
+                await anyio.wait_all_tasks_blocked()
+                callers.start_soon(run, "delete", lambda: engine.session("b").delete_episodes([1]))
+                await anyio.wait_all_tasks_blocked()
+                hold.release()
+        added, deleted = outcomes["add"], outcomes["delete"]
         assert isinstance(added, StoreError), added
         assert deleted == 1
     assert stored.episodes("a") == [(1, "a 1")]

@@ -33,6 +33,7 @@ def test_exports_are_deliberate() -> None:
         "StoreError",
         "Summarizer",
         "SummaryError",
+        "UncertainCommitError",
         "open_engine",
     ]
     for name in memengine.__all__:
