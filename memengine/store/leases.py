@@ -120,9 +120,10 @@ NOT_OWNED_ELSEWHERE = (
     "AND l.owner IS NOT NULL AND l.owner <> ? AND l.expires_at > {now})"
 )
 #: SQL condition: the session aliased ``s`` was left by an owner that died (its lease expired, never released).
+#: Driven from the leases still held (a partial index), not by a scan of every session.
 ORPHANED = (
-    "EXISTS (SELECT 1 FROM session_leases AS l WHERE l.session_id = s.session_id "
-    "AND l.owner IS NOT NULL AND l.expires_at <= {now})"
+    "s.session_id IN (SELECT l.session_id FROM session_leases AS l "
+    "WHERE l.owner IS NOT NULL AND l.expires_at <= {now})"
 )
 
 

@@ -46,6 +46,8 @@ _JOURNAL = (
     "CREATE TABLE session_leases ("
     "  session_id text PRIMARY KEY, owner text, token bigint NOT NULL, expires_at double precision NOT NULL)",
     "CREATE INDEX session_leases_by_owner ON session_leases (owner)",
+    # The leases still held (not released), by expiry: where the orphan sweep looks.
+    "CREATE INDEX session_leases_held ON session_leases (expires_at) WHERE owner IS NOT NULL",
 )
 
 

@@ -108,6 +108,8 @@ def _add_leases(db: sqlite_utils.Database) -> None:
         not_null={"token", "expires_at"},
     )
     db["session_leases"].create_index(["owner"], index_name="session_leases_by_owner")  # type: ignore[union-attr]
+    # The leases still held (not released), by expiry: where the orphan sweep looks.
+    db.execute("CREATE INDEX session_leases_held ON session_leases (expires_at) WHERE owner IS NOT NULL")
     # A batch being sent is claimed by one process at a time.
     db["retain_outbox"].add_column("claimed_by", str)  # type: ignore[union-attr]
     db["retain_outbox"].add_column("claim_until", float)  # type: ignore[union-attr]
