@@ -122,8 +122,7 @@ NOT_OWNED_ELSEWHERE = (
 #: SQL condition: the session aliased ``s`` was left by an owner that died (its lease expired, never released).
 #: Driven from the leases still held (a partial index), not by a scan of every session.
 ORPHANED = (
-    "s.session_id IN (SELECT l.session_id FROM session_leases AS l "
-    "WHERE l.owner IS NOT NULL AND l.expires_at <= {now})"
+    "s.session_id IN (SELECT l.session_id FROM session_leases AS l WHERE l.owner IS NOT NULL AND l.expires_at <= {now})"
 )
 
 
