@@ -574,8 +574,8 @@ async def test_sigkill_at_a_random_point_loses_nothing_acknowledged(seed: int, a
 # -- the bugs crash injection found ----------------------------------------------------------
 #
 # Both were in the retain outbox's delivery (memengine/retain/delivery.py with
-# store/sqlite_retain.py), and are fixed: delivery re-reads a batch before every
-# sink call, and rows are addressed by id and key. Each keeps a deterministic
+# the outbox, now store/outbox.py), and are fixed: delivery re-reads (claims) a
+# batch before every sink call, and rows are addressed by id and key. Each keeps a deterministic
 # in-process reproducer and the crash-injection seeds that used to show it.
 
 STALE_OUTBOX_SNAPSHOT = (
