@@ -499,8 +499,8 @@ class SessionActor:
         assert self.token is not None, "a session writes only once activated"
         return self.token
 
-    def _lost_meanwhile(self, error: LeaseLostError) -> None:
-        """A write submitted earlier was refused: wake the actor to give the session up."""
+    def _lost_meanwhile(self, error: MemEngineError) -> None:
+        """A write submitted earlier was refused (or its commit is in doubt): wake the actor to give the session up."""
         try:
             self.mailbox.put(LeaseLost(error))
         except MailboxClosed:

@@ -71,7 +71,7 @@ class Tick:
 
 @attrs.frozen(eq=False)
 class LeaseLost:
-    """This process no longer owns the session (from a refused write or the engine's lease renewal)."""
+    """Give the session up: its lease was lost (a refused write, a failed renewal) or a commit is in doubt."""
 
     error: BaseException
 
