@@ -195,12 +195,16 @@ async def engine_with_faults(path: Path, **options: Any) -> AsyncIterator[tuple[
 Outcome = Any  # a call's result, or the MemEngineError it raised
 
 
-async def in_one_transaction(engine: Engine, faults: FaultyConnection, *calls: Callable[[], Awaitable[Any]]) -> list:
+async def in_one_transaction(
+    engine: Engine, faults: FaultyConnection, *calls: Callable[[], Awaitable[Any]], in_order: bool = False
+) -> list:
     """Run ``calls`` concurrently so that their writes share one store transaction.
 
     The store is held in a transaction of its own (a read, stalled at BEGIN)
     while the calls queue their writes behind it; then it is let go. Sessions
     must be active already, or their activations would take that transaction.
+    With ``in_order``, each call's write is queued before the next call starts,
+    so the transaction runs them in the order given.
     """
     hold = faults.inject("BEGIN", fail=False, stall=True, times=1)
     outcomes: list[Outcome] = [None] * len(calls)
@@ -217,6 +221,8 @@ async def in_one_transaction(engine: Engine, faults: FaultyConnection, *calls: C
             await hold.wait_for_hits()
             for index, call in enumerate(calls):
                 callers.start_soon(run, index, call)
+                if in_order:
+                    await anyio.wait_all_tasks_blocked()
             await anyio.wait_all_tasks_blocked()
             hold.release()
     return outcomes
@@ -316,25 +322,13 @@ async def test_an_append_that_passed_in_the_batch_but_fails_on_its_own_retry_is_
         faults.inject("INSERT INTO episodes", session="a", skip=1, times=1)
         faults.inject("DELETE FROM episodes", session="b", times=1)  # fails the shared transaction
         # In this order in one transaction: the append first (its insert passes), then the failing delete.
-        hold = faults.inject("BEGIN", fail=False, stall=True, times=1)
-        outcomes: dict[str, Outcome] = {}
-
-        async def run(name: str, call: Callable[[], Awaitable[Any]]) -> None:
-            try:
-                outcomes[name] = await call()
-            except MemEngineError as error:
-                outcomes[name] = error
-
-        with anyio.fail_after(GUARD):
-            async with anyio.create_task_group() as callers:
-                callers.start_soon(engine.store.list_sessions)
-                await hold.wait_for_hits()
-                callers.start_soon(run, "add", adding(engine, "a", Episode("user", "a 2")))
-                await anyio.wait_all_tasks_blocked()
-                callers.start_soon(run, "delete", lambda: engine.session("b").delete_episodes([1]))
-                await anyio.wait_all_tasks_blocked()
-                hold.release()
-        added, deleted = outcomes["add"], outcomes["delete"]
+        added, deleted = await in_one_transaction(
+            engine,
+            faults,
+            adding(engine, "a", Episode("user", "a 2")),
+            lambda: engine.session("b").delete_episodes([1]),
+            in_order=True,
+        )
         assert isinstance(added, StoreError), added
         assert deleted == 1
     assert stored.episodes("a") == [(1, "a 1")]

@@ -19,13 +19,12 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import StoreRows, postgres_schema
+from .conftest import StoreRows
 from .fakes import covered as covered_by_fold
 from .replica_worker import tagged_by, untagged
 
@@ -40,15 +39,6 @@ def stored_summaries_by(rows: StoreRows) -> set[str]:
 
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield str(tmp_path / "shared.db")
-        return
-    with postgres_schema() as url:
-        yield url
 
 
 class Worker:
@@ -164,11 +154,11 @@ def lease_overlaps(records_by_process: dict[str, list[dict[str, Any]]]) -> list[
     return problems
 
 
-def test_two_processes_hammering_the_same_sessions_agree_on_one_truth(shared_store: str) -> None:
+def test_two_processes_hammering_the_same_sessions_agree_on_one_truth(store_url: str) -> None:
     seconds = 6.0
     workers = [
-        Worker(shared_store, "asyncio", "replica-a", "hammer", seconds),
-        Worker(shared_store, "trio", "replica-b", "hammer", seconds),
+        Worker(store_url, "asyncio", "replica-a", "hammer", seconds),
+        Worker(store_url, "trio", "replica-b", "hammer", seconds),
     ]
     try:
         records = {worker.name: worker.finish() for worker in workers}
@@ -187,7 +177,7 @@ def test_two_processes_hammering_the_same_sessions_agree_on_one_truth(shared_sto
                 owners[r["session"]].add(name)
     assert sum(len(names) == 2 for names in owners.values()) >= 10, dict(owners)
 
-    rows = StoreRows(shared_store)
+    rows = StoreRows(store_url)
     stored = defaultdict(list)
     for session, seq, episode_id, content in rows.query(
         "SELECT session_id, seq, id, content FROM episodes ORDER BY session_id, seq"
@@ -215,10 +205,10 @@ def test_two_processes_hammering_the_same_sessions_agree_on_one_truth(shared_sto
 
 
 def test_a_killed_owner_is_taken_over_after_its_lease_expires_and_nothing_acknowledged_is_lost(
-    shared_store: str,
+    store_url: str,
 ) -> None:
     env = {"MEMENGINE_TEST_LEASE_TTL": "1.5", "MEMENGINE_TEST_SUMMARY_DELAY": "3600"}  # its summary never ends
-    owner = Worker(shared_store, "asyncio", "doomed", "serve", **env)
+    owner = Worker(store_url, "asyncio", "doomed", "serve", **env)
     try:
         for n in range(1, 8):
             assert owner.ask(op="add", session="s", contents=[f"turn {n}"])["seqs"] == [n]
@@ -226,7 +216,7 @@ def test_a_killed_owner_is_taken_over_after_its_lease_expires_and_nothing_acknow
         owner.kill()  # kill -9, with a summary of turns 1..3 in flight
     finally:
         owner.stop()
-    heir = Worker(shared_store, "trio", "heir", "serve", MEMENGINE_TEST_LEASE_TTL="1.5")
+    heir = Worker(store_url, "trio", "heir", "serve", MEMENGINE_TEST_LEASE_TTL="1.5")
     try:
         context = heir.ask(op="context", session="s", wait=True)
         assert context["op"] == "context", context
@@ -241,16 +231,16 @@ def test_a_killed_owner_is_taken_over_after_its_lease_expires_and_nothing_acknow
         heir.finish()
     finally:
         heir.stop()
-    rows = StoreRows(shared_store)
+    rows = StoreRows(store_url)
     assert rows.query("SELECT seq, content FROM episodes ORDER BY seq") == [(n, f"turn {n}") for n in range(1, 9)]
     # The killed owner's summary never landed: every stored summary is one the heir computed.
     assert stored_summaries_by(rows) == {"heir"}
 
 
-def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_session_up(shared_store: str) -> None:
+def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_session_up(store_url: str) -> None:
     ttl = "1.0"
     paused = Worker(
-        shared_store, "trio", "paused", "serve", MEMENGINE_TEST_LEASE_TTL=ttl, MEMENGINE_TEST_SUMMARY_DELAY="1.5"
+        store_url, "trio", "paused", "serve", MEMENGINE_TEST_LEASE_TTL=ttl, MEMENGINE_TEST_SUMMARY_DELAY="1.5"
     )
     heir = None
     try:
@@ -260,7 +250,7 @@ def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_sessi
         time.sleep(2.0)  # past its lease
         # The heir keeps the session (no passivation) while the paused owner comes back.
         heir = Worker(
-            shared_store, "asyncio", "heir", "serve", MEMENGINE_TEST_LEASE_TTL=ttl, MEMENGINE_TEST_PASSIVATE_AFTER="60"
+            store_url, "asyncio", "heir", "serve", MEMENGINE_TEST_LEASE_TTL=ttl, MEMENGINE_TEST_PASSIVATE_AFTER="60"
         )
         assert heir.ask(op="add", session="s", contents=["from the heir"])["seqs"] == [6]
         paused.kill(signal.SIGCONT)
@@ -280,7 +270,7 @@ def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_sessi
         paused.stop()
         if heir is not None:
             heir.stop()
-    rows = StoreRows(shared_store)
+    rows = StoreRows(store_url)
     assert [content for (content,) in rows.query("SELECT content FROM episodes ORDER BY seq")] == [
         *(f"turn {n}" for n in range(1, 6)),
         "from the heir",
@@ -291,7 +281,7 @@ def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_sessi
 
 
 @pytest.mark.parametrize("attempt", range(3))
-def test_processes_opening_a_fresh_database_at_once_all_start(shared_store: str, attempt: int) -> None:
+def test_processes_opening_a_fresh_database_at_once_all_start(store_url: str, attempt: int) -> None:
     start_at = time.time() + 1.0
     script = (
         "import sys, time, anyio\n"
@@ -305,7 +295,7 @@ def test_processes_opening_a_fresh_database_at_once_all_start(shared_store: str,
     )
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", script, shared_store, f"boot-{n}", str(start_at), backend],
+            [sys.executable, "-c", script, store_url, f"boot-{n}", str(start_at), backend],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -316,7 +306,7 @@ def test_processes_opening_a_fresh_database_at_once_all_start(shared_store: str,
     outcomes = [process.communicate(timeout=60) for process in processes]
     for process, (out, err) in zip(processes, outcomes, strict=True):
         assert process.returncode == 0 and out.strip() == "ok", err[-3000:]
-    rows = StoreRows(shared_store)
+    rows = StoreRows(store_url)
     assert sorted(rows.query("SELECT session_id, content FROM episodes")) == [
         (f"boot-{n}", f"hello from boot-{n}") for n in range(3)
     ]

@@ -20,7 +20,8 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
@@ -301,6 +302,25 @@ class GroupCommitStore:
     async def aclose(self) -> None:
         self._closing = True
         self._queue_filled.set()
+
+    @asynccontextmanager
+    async def serving(self, prepare: Callable[[], object]) -> AsyncIterator[None]:
+        """Prepare the connection (in a thread), then run the committer for the block's duration.
+
+        On exit, operations already submitted are committed; the connection
+        is closed whatever happened, even if ``prepare`` failed.
+        """
+        try:
+            await anyio.to_thread.run_sync(prepare)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._run_committer)
+                try:
+                    yield
+                finally:
+                    await self.aclose()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._conn.close)
 
     # -- sessions --------------------------------------------------------------
 

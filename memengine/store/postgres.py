@@ -99,14 +99,5 @@ async def open_postgres_store(url: str, *, owner: str | None = None) -> AsyncIte
     """
     conn = await anyio.to_thread.run_sync(_connect, url)
     store = PostgresStore(conn, url, owner)
-    try:
-        await anyio.to_thread.run_sync(migrate, conn)
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(store._run_committer)
-            try:
-                yield store
-            finally:
-                await store.aclose()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(store._conn.close)
+    async with store.serving(lambda: migrate(conn)):
+        yield store

@@ -104,16 +104,11 @@ async def open_sqlite_store(
     if not path:
         raise ValueError("the SQLite path must not be empty (use ':memory:' for a private in-memory store)")
     conn = await anyio.to_thread.run_sync(_connect, path)
-    try:
-        await anyio.to_thread.run_sync(conn.execute, f"PRAGMA synchronous = {synchronous}")
-        await anyio.to_thread.run_sync(migrate, conn)
-        store = SQLiteStore(conn, owner)
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(store._run_committer)
-            try:
-                yield store
-            finally:
-                await store.aclose()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(conn.close)
+    store = SQLiteStore(conn, owner)
+
+    def prepare() -> None:
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        migrate(conn)
+
+    async with store.serving(prepare):
+        yield store
