@@ -60,17 +60,24 @@ def enqueue(
     """
     if token is not None:
         leases.require(db, session_id, token)
-    row = db.execute("SELECT retained_through FROM sessions WHERE session_id = ?{for_update}", (session_id,)).fetchone()
+    row = db.execute(
+        "SELECT retained_through, seq_floor FROM sessions WHERE session_id = ?{for_update}", (session_id,)
+    ).fetchone()
     if row is None:
         return 0
-    (retained_through,) = row
+    retained_through, seq_floor = row
     if through_seq is None:
+        # Every seq the session ever assigned: deleted ones count, they have nothing left to hand on.
         (through_seq,) = db.execute(
-            "SELECT coalesce(max(seq), 0) FROM episodes WHERE session_id = ?", (session_id,)
+            "SELECT {greatest}(?, coalesce(max(seq), 0)) FROM episodes WHERE session_id = ?", (seq_floor, session_id)
         ).fetchone()
     new = _live_episodes(db, session_id, retained_through, through_seq, limit)
     if not new:
-        return retained_through
+        if through_seq > retained_through:
+            # The range holds no live episode (all deleted): nothing to send, but it is done with.
+            db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (through_seq, session_id))
+            return int(through_seq)
+        return int(retained_through)
     last_seq = new[-1][0]
     rows = new if mode == "append" else _live_episodes(db, session_id, 0, last_seq)
     first_seq = rows[0][0]
