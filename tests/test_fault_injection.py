@@ -137,10 +137,17 @@ class FaultyConnection:
             self._faults.append(fault)
         return fault
 
+    def sharing_faults_with(self, conn: sqlite3.Connection) -> FaultyConnection:
+        """Another connection of the same store, hit by the same faults."""
+        other = FaultyConnection(conn)
+        other._faults, other._lock = self._faults, self._lock
+        return other
+
     def heal(self) -> None:
         """Remove every fault and release every stalled statement."""
         with self._lock:
-            faults, self._faults = self._faults, []
+            faults = list(self._faults)
+            self._faults.clear()  # the list is shared with the read connection's faults
         for fault in faults:
             fault.release()
 
@@ -176,9 +183,12 @@ class FaultyConnection:
 
 
 def install_faults(engine: Engine) -> FaultyConnection:
+    """Faults for the store's write connection and its read connection alike."""
     store: Any = engine.store
     faults = FaultyConnection(store._conn)
     store._conn = faults
+    if store._reader is not None:
+        store._reader = faults.sharing_faults_with(store._reader)
     return faults
 
 
@@ -200,7 +210,7 @@ async def in_one_transaction(
 ) -> list:
     """Run ``calls`` concurrently so that their writes share one store transaction.
 
-    The store is held in a transaction of its own (a read, stalled at BEGIN)
+    The store is held in a transaction of its own (one that writes nothing, stalled at BEGIN)
     while the calls queue their writes behind it; then it is let go. Sessions
     must be active already, or their activations would take that transaction.
     With ``in_order``, each call's write is queued before the next call starts,
@@ -217,7 +227,7 @@ async def in_one_transaction(
 
     with anyio.fail_after(GUARD):
         async with anyio.create_task_group() as callers:
-            callers.start_soon(engine.store.list_sessions)
+            callers.start_soon(engine.store.renew_leases, [], 10.0)  # a write transaction that changes nothing
             await hold.wait_for_hits()
             for index, call in enumerate(calls):
                 callers.start_soon(run, index, call)
@@ -605,7 +615,7 @@ async def test_a_stalled_store_delays_writers_but_loses_nothing(db_path: Path, s
 
         with anyio.fail_after(GUARD):
             async with anyio.create_task_group() as callers:
-                callers.start_soon(engine.store.list_sessions)
+                callers.start_soon(engine.store.renew_leases, [], 10.0)  # a write transaction that changes nothing
                 await hold.wait_for_hits()  # the store is stuck in a transaction
                 gave_up = anyio.CancelScope()
                 callers.start_soon(add, "a", Episode("user", "a 1"))

@@ -38,11 +38,12 @@ async def _load_cost(store, session_id: str) -> int:
         steps += 1
         return 0
 
-    store._conn.set_progress_handler(count, 10)
+    reader = store._reader  # loading a session is a read: it runs on the store's read connection
+    reader.set_progress_handler(count, 10)
     try:
         await store.load_session(session_id)
     finally:
-        store._conn.set_progress_handler(None, 0)
+        reader.set_progress_handler(None, 0)
     return steps
 
 

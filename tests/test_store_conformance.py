@@ -300,8 +300,8 @@ async def test_a_lost_postgresql_connection_fails_one_batch_and_the_store_reconn
         pid = store._conn.info.backend_pid  # type: ignore[attr-defined]
         with psycopg.connect(store_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        with pytest.raises(StoreError):
-            await store.load_session("s")  # this batch meets the dead connection
+        _, error = await append(store, "s", token, 2, *says("lost"))  # this batch meets the dead connection
+        assert isinstance(error, StoreError)
         _, error = await append(store, "s", token, 2, *says("after"))
         assert error is None
         assert [e.content for e in (await store.load_session("s")).episodes] == ["before", "after"]

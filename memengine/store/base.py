@@ -172,8 +172,13 @@ class Store(Protocol):
         gets the watermark afterwards.
         """
 
-    async def enqueue_retain(self, session_id: str, token: int, mode: RetainMode) -> int:
-        """Record every un-retained episode of the session as one batch (a boundary); return the watermark."""
+    async def enqueue_retain(
+        self, session_id: str, token: int, mode: RetainMode, through_seq: int | None = None
+    ) -> int:
+        """Record the session's un-retained episodes (up to ``through_seq``) as one batch (a boundary).
+
+        Returns the watermark: every seq up to it is in the outbox, delivered, or deleted.
+        """
 
     async def enqueue_all_retains(self, mode: RetainMode, *, orphaned_only: bool = False) -> list[str]:
         """Record the un-retained tail of every session no other live owner holds (engine start and exit).
@@ -206,5 +211,9 @@ class Store(Protocol):
     async def list_sessions(self) -> list[SessionRow]:
         """Every session the store knows, for inspection."""
 
-    async def aclose(self) -> None:
-        """Finish the operations already submitted, then release the store."""
+    async def aclose(self, grace: float = 2.0) -> bool:
+        """Finish the operations already submitted (within ``grace`` seconds), then stop.
+
+        True if every operation ran; after ``grace`` the one in progress is
+        interrupted and the rest fail with :class:`~memengine.errors.StoreError`.
+        """

@@ -1,14 +1,29 @@
 """Group commit, and every store operation, for both backends.
 
 Every operation is a small function run against one connection. Operations
-submitted while a transaction is being committed wait and then go, all of them,
-into the next transaction: one thread hop and one commit serve every session
+submitted while a transaction is being committed wait and then go into the
+next transaction together: one thread hop and one commit serve every session
 that wrote meanwhile, and each caller is answered once its own rows are
 committed. Both drivers block, so the transactions run in a worker thread, one
 at a time (never two threads on the connection at once).
 
+No transaction holds the store for long: one takes at most
+:data:`TRANSACTION_ROWS` rows (an add of more is stored in parts, see
+unfinished.py), and lease renewals go into the very next transaction, ahead of
+everything queued, so a burst of writes never lets a lease lapse.
+
+Reads that need no lease (recall, listings, the outbox's due batches) run on a
+second, read-only connection in their own thread, so they never wait behind a
+commit nor hold up a writer (SQLite in WAL mode, PostgreSQL MVCC).
+
+The committer outlives whatever cancels the code around the engine: it runs
+shielded and stops only when the store closes, after finishing what was
+submitted. Closing is bounded: after ``timeout`` seconds the statement in
+progress is interrupted and what is left fails with :class:`StoreError`.
+
 The backends (sqlite.py, postgres.py) differ only in how they connect, begin a
-transaction, insert a run of appends with one statement, and search.
+transaction, interrupt one, insert a run of appends with one statement, and
+search.
 """
 
 from __future__ import annotations
@@ -20,6 +35,7 @@ import random
 import socket
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -40,6 +56,15 @@ log = logging.getLogger("memengine.store")
 _Append = tuple[str, int, int, Sequence[Episode]]  # session_id, token, first_seq, episodes
 _TRANSIENT_ATTEMPTS = 8
 
+#: Rows (episodes of an add; other operations count one) one transaction takes at most.
+TRANSACTION_ROWS = 2000
+#: Characters of content one transaction stores at most (a single larger episode goes alone).
+TRANSACTION_CHARS = 8_000_000
+#: Seconds closing waits for submitted operations before interrupting them.
+CLOSE_TIMEOUT = 2.0
+#: Seconds an interrupted statement gets to return before its thread is left behind.
+_INTERRUPT_WAIT = 2.0
+
 
 def new_owner_id() -> str:
     """This process's name in lease rows: host, pid and a random part (pids are reused)."""
@@ -49,19 +74,20 @@ def new_owner_id() -> str:
 class _Submission:
     """One operation waiting for its transaction."""
 
-    __slots__ = ("append", "done", "error", "operation", "result", "writes")
+    __slots__ = ("append", "done", "error", "finished", "operation", "result", "size")
 
     def __init__(
         self,
         operation: Operation[Any],
-        writes: bool,
         done: Completion[Any] | None = None,
         append: _Append | None = None,
+        size: int = 1,
     ) -> None:
         self.operation = operation
-        self.writes = writes
         self.done = done
         self.append = append  # set for appends, which can also run together (see _append_run)
+        self.size = size
+        self.finished: anyio.Event | None = None  # for callers that await the outcome
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -70,22 +96,35 @@ class GroupCommitStore:
     """A store over one blocking DB-API connection; see :class:`~memengine.store.base.Store`.
 
     ``owner`` names this process in lease rows (one store per engine).
+    ``reader`` is a second connection for reads, or ``None`` to read through
+    the committer (an in-memory SQLite database has no second connection).
     """
 
-    _begin = "BEGIN"
-
-    def __init__(self, conn: Any, dialect: Dialect, owner: str | None = None) -> None:
+    def __init__(self, conn: Any, dialect: Dialect, owner: str | None = None, reader: Any | None = None) -> None:
         self._conn = conn
+        self._reader = reader
         self._dialect = dialect
         self.owner = owner or new_owner_id()
-        self._queue: list[_Submission] = []
-        self._queue_committed = anyio.Event()  # set once the queued batch is committed
+        self._queue: deque[_Submission] = deque()
+        self._urgent: list[_Submission] = []  # lease renewals: into the next transaction, first
         self._queue_filled = anyio.Event()
         self._closing = False
+        self._aborted = False  # read by the worker thread: stop starting transactions
+        self._committer_scope = anyio.CancelScope(shield=True)
+        self._committer_done = anyio.Event()
         self._thread_slot = anyio.CapacityLimiter(1)
+        self._reader_slot = anyio.CapacityLimiter(1)
         self._transient = False  # set (in the worker thread) when an operation met a deadlock
 
     # -- backend hooks -------------------------------------------------------
+
+    def _begin(self, db: Db) -> None:
+        """Begin a write transaction (in the worker thread)."""
+        db.execute("BEGIN")
+
+    def _begin_read(self, db: Db) -> None:
+        """Begin a read-only transaction on the read connection."""
+        db.execute("BEGIN")
 
     def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
         """Insert the rows with one statement; True if every row was new (else the caller undoes it)."""
@@ -93,6 +132,13 @@ class GroupCommitStore:
 
     def _in_transaction(self) -> bool:
         raise NotImplementedError
+
+    def _interrupt(self) -> None:
+        """Make the statement running in the worker thread fail soon (called from the event loop)."""
+
+    def _reader_connection(self) -> Any:
+        """The read connection, reconnected if it was lost."""
+        return self._reader
 
     def _housekeeping(self) -> Operation[Any] | None:
         """An extra operation to ride along with the next transaction, if one is due."""
@@ -103,49 +149,116 @@ class GroupCommitStore:
 
     # -- the committer -------------------------------------------------------
 
-    def _enqueue(self, submission: _Submission) -> anyio.Event:
-        """Queue an operation for the next transaction; the event is set once it committed."""
+    def _enqueue(self, submission: _Submission, *, urgent: bool = False) -> None:
+        """Queue an operation for the next transaction (an urgent one ahead of the rest)."""
         if self._closing:
             raise EngineClosedError("the store is closed")
-        self._queue.append(submission)
+        (self._urgent if urgent else self._queue).append(submission)
         self._queue_filled.set()
-        return self._queue_committed
 
-    async def _submit(self, operation: Operation[T], *, writes: bool = True) -> T:
-        submission = _Submission(operation, writes)
-        await self._enqueue(submission).wait()
+    async def _submit(self, operation: Operation[T], *, urgent: bool = False) -> T:
+        """Run ``operation`` in a write transaction; return its result once committed.
+
+        If the caller is cancelled while waiting, the operation still runs.
+        """
+        submission = _Submission(operation)
+        submission.finished = anyio.Event()
+        self._enqueue(submission, urgent=urgent)
+        await submission.finished.wait()
         if submission.error is not None:
             raise submission.error
         return submission.result  # type: ignore[no-any-return]
 
+    async def _read(self, operation: Operation[T]) -> T:
+        """Run ``operation`` in a read-only transaction on the read connection."""
+        if self._reader is None:
+            return await self._submit(operation)
+        if self._closing:
+            raise EngineClosedError("the store is closed")
+        return await anyio.to_thread.run_sync(self._run_read, operation, limiter=self._reader_slot)
+
+    def _run_read(self, operation: Operation[T]) -> T:
+        db = Db(self._reader_connection(), self._dialect)
+        try:
+            self._begin_read(db)
+            try:
+                return operation(db)
+            finally:
+                db.execute("ROLLBACK")  # it wrote nothing
+        except self._dialect.errors as exc:
+            raise StoreError(f"reading the store failed: {exc}") from exc
+
+    def _take_batch(self) -> list[_Submission]:
+        """The next transaction's operations: every urgent one, then queued ones up to the bounds."""
+        batch, self._urgent = self._urgent, []
+        rows = chars = 0
+        queue = self._queue
+        while queue:
+            submission = queue[0]
+            size = submission.size
+            length = sum(len(e.content) for e in submission.append[3]) if submission.append is not None else 0
+            if batch and (rows + size > TRANSACTION_ROWS or chars + length > TRANSACTION_CHARS):
+                break
+            batch.append(queue.popleft())
+            rows += size
+            chars += length
+        return batch
+
     async def _run_committer(self) -> None:
-        while True:
-            if not self._queue:
-                if self._closing:
-                    return
-                self._queue_filled = anyio.Event()
-                await self._queue_filled.wait()
-                continue
-            batch, self._queue = self._queue, []
-            extra = self._housekeeping()
-            if extra is not None:
-                batch.append(_Submission(extra, True))
-            committed, self._queue_committed = self._queue_committed, anyio.Event()
-            # Shielded: a transaction that started is finished and its callers answered.
-            with anyio.CancelScope(shield=True):
-                try:
-                    await anyio.to_thread.run_sync(self._commit, batch, limiter=self._thread_slot)
-                except Exception as exc:
-                    # A bug or an unexpected error: fail this batch, keep the committer (and engine) alive.
-                    log.exception("a store transaction failed unexpectedly")
-                    await anyio.to_thread.run_sync(self._abandon, batch, exc, limiter=self._thread_slot)
-            for submission in batch:
-                if submission.done is not None:
+        in_flight: list[_Submission] = []
+        try:
+            # Shielded: the code around the engine may be cancelled, but what
+            # the engine does on its way out still needs the store.
+            with self._committer_scope:
+                while True:
+                    if not self._queue and not self._urgent:
+                        if self._closing:
+                            return
+                        self._queue_filled = anyio.Event()
+                        await self._queue_filled.wait()
+                        continue
+                    if self._aborted:
+                        return
+                    batch = in_flight = self._take_batch()
+                    extra = self._housekeeping()
+                    if extra is not None:
+                        batch.append(_Submission(extra))
                     try:
-                        submission.done(submission.result, submission.error)
-                    except Exception:
-                        log.exception("a store completion callback failed")
-            committed.set()
+                        # Abandoned only when closing gave up on an interrupted statement (see aclose).
+                        await anyio.to_thread.run_sync(
+                            self._commit, batch, limiter=self._thread_slot, abandon_on_cancel=True
+                        )
+                    except Exception as exc:
+                        # A bug or an unexpected error: fail this batch, keep the committer (and engine) alive.
+                        log.exception("a store transaction failed unexpectedly")
+                        await anyio.to_thread.run_sync(self._abandon, batch, exc, limiter=self._thread_slot)
+                    in_flight = []
+                    for submission in batch:
+                        self._finish(submission)
+        finally:
+            # Stopped early (an interrupted close): nobody may wait for ever.
+            for submission in in_flight:
+                submission.result = None
+                submission.error = UncertainCommitError(
+                    "the store stopped while this operation was being committed; it may or may not be stored"
+                )
+                self._finish(submission)
+            left = [*self._urgent, *self._queue]
+            self._urgent, self._queue = [], deque()
+            for submission in left:
+                submission.result = None
+                submission.error = StoreError("the store closed before this operation ran; nothing of it was stored")
+                self._finish(submission)
+            self._committer_done.set()
+
+    def _finish(self, submission: _Submission) -> None:
+        if submission.done is not None:
+            try:
+                submission.done(submission.result, submission.error)
+            except Exception:
+                log.exception("a store completion callback failed")
+        if submission.finished is not None:
+            submission.finished.set()
 
     def _commit(self, batch: list[_Submission]) -> None:
         """Run a batch of operations in one transaction (in the worker thread).
@@ -156,24 +269,35 @@ class GroupCommitStore:
         """
         db = Db(self._conn, self._dialect)
         for attempt in range(_TRANSIENT_ATTEMPTS):
+            if self._aborted:
+                break
             self._transient = False
-            if self._transaction(db, batch, isolate=False) or (
-                not self._transient and self._transaction(db, batch, isolate=True)
-            ):
+            if self._transaction(db, batch, isolate=False):
                 return
+            if self._aborted:
+                break
+            if not self._transient and self._transaction(db, batch, isolate=True):
+                return
+            if self._aborted:
+                break
             if not self._transient:
                 return
             # Another process's transaction deadlocked with this one (PostgreSQL aborted ours): all again.
             log.info("a store transaction met a deadlock; retrying (attempt %d)", attempt + 2)
             time.sleep(0.005 * (attempt + 1) + random.random() * 0.01)
+        reason = (
+            "the store was closing and interrupted it"
+            if self._aborted
+            else "the transaction kept deadlocking with other processes"
+        )
         for submission in batch:
             submission.result = None
-            submission.error = StoreError("nothing was stored: the transaction kept deadlocking with other processes")
+            submission.error = StoreError(f"nothing was stored: {reason}")
 
     def _transaction(self, db: Db, batch: list[_Submission], *, isolate: bool) -> bool:
         errors = self._dialect.errors
         try:
-            db.execute(self._begin)
+            self._begin(db)
         except errors as exc:
             self._rollback(db)
             for submission in batch:
@@ -182,7 +306,7 @@ class GroupCommitStore:
             return True
         index = 0
         while index < len(batch):
-            if self._transient:
+            if self._transient or self._aborted:
                 self._rollback(db)
                 return False
             submission = batch[index]
@@ -299,17 +423,47 @@ class GroupCommitStore:
             return False
         return True
 
-    async def aclose(self) -> None:
+    async def aclose(self, grace: float = CLOSE_TIMEOUT) -> bool:
+        """Finish the operations already submitted, then stop; True if all of them ran.
+
+        Takes at most ``grace`` seconds (and a moment to interrupt the
+        statement in progress): what is left then fails with :class:`StoreError`.
+        Shielded: a cancelled caller still gets a store that has stopped.
+        """
+        if self._aborted:
+            return self._committer_done.is_set()  # closed already, by an interrupt
         self._closing = True
         self._queue_filled.set()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(max(grace, 0.0)):
+                await self._committer_done.wait()
+                return True
+            pending = len(self._queue) + len(self._urgent)
+            log.warning(
+                "the store did not finish its work in time (%.1f s; the database may be locked or unreachable); "
+                "interrupting it: %d queued operations are dropped, and unfinished work is redone at the next start",
+                grace,
+                pending,
+            )
+            self._aborted = True
+            self._interrupt()
+            with anyio.move_on_after(_INTERRUPT_WAIT):
+                await self._committer_done.wait()
+                return True
+            log.error("the store's worker thread did not return after an interrupt; leaving it behind")
+            self._committer_scope.cancel()  # abandons the thread; its connection is left open
+            await self._committer_done.wait()
+            return False
 
     @asynccontextmanager
     async def serving(self, prepare: Callable[[], object]) -> AsyncIterator[None]:
         """Prepare the connection (in a thread), then run the committer for the block's duration.
 
-        On exit, operations already submitted are committed; the connection
-        is closed whatever happened, even if ``prepare`` failed.
+        On exit, operations already submitted are committed (within
+        :data:`CLOSE_TIMEOUT`); the connections are closed whatever happened,
+        even if ``prepare`` failed, unless a worker thread is still using one.
         """
+        finished = True
         try:
             await anyio.to_thread.run_sync(prepare)
             async with anyio.create_task_group() as tasks:
@@ -317,10 +471,19 @@ class GroupCommitStore:
                 try:
                     yield
                 finally:
-                    await self.aclose()
+                    finished = await self.aclose()
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._conn.close)
+                if finished:
+                    await anyio.to_thread.run_sync(self._conn.close)
+                if self._reader is not None:
+                    await anyio.to_thread.run_sync(self._close_reader, limiter=self._reader_slot)
+
+    def _close_reader(self) -> None:
+        try:
+            self._reader.close()
+        except self._dialect.errors:
+            pass
 
     # -- sessions --------------------------------------------------------------
 
@@ -331,7 +494,8 @@ class GroupCommitStore:
         return activated
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
-        return await self._submit(lambda db: leases.renew(db, self.owner, held, ttl))
+        # Urgent: a lease must never lapse because writes were queued ahead of its renewal.
+        return await self._submit(lambda db: leases.renew(db, self.owner, held, ttl), urgent=True)
 
     async def release_lease(self, session_id: str, token: int) -> None:
         await self._submit(lambda db: leases.release(db, session_id, token))
@@ -340,15 +504,18 @@ class GroupCommitStore:
         await self._submit(lambda db: leases.release_all(db, self.owner))
 
     async def load_session(self, session_id: str) -> SessionSnapshot:
-        return await self._submit(lambda db: journal.load(db, session_id), writes=False)
+        return await self._read(lambda db: journal.load(db, session_id))
 
     def submit_append(
         self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
     ) -> None:
+        if len(episodes) > TRANSACTION_ROWS or sum(len(e.content) for e in episodes) > TRANSACTION_CHARS:
+            _AppendInParts(self, session_id, token, first_seq, episodes, done).start()
+            return
         operation = functools.partial(
             journal.append, session_id=session_id, token=token, first_seq=first_seq, episodes=episodes
         )
-        self._enqueue(_Submission(operation, True, done, (session_id, token, first_seq, episodes)))
+        self._enqueue(_Submission(operation, done, (session_id, token, first_seq, episodes), len(episodes)))
 
     async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
         return await self._submit(
@@ -364,13 +531,12 @@ class GroupCommitStore:
     async def sessions_needing_summary(
         self, max_episodes: int, max_chars: int, *, orphaned_only: bool = False
     ) -> list[str]:
-        return await self._submit(
-            lambda db: journal.sessions_needing_summary(db, self.owner, max_episodes, max_chars, orphaned_only),
-            writes=False,
+        return await self._read(
+            lambda db: journal.sessions_needing_summary(db, self.owner, max_episodes, max_chars, orphaned_only)
         )
 
     async def list_sessions(self) -> list[SessionRow]:
-        return await self._submit(journal.list_sessions, writes=False)
+        return await self._read(journal.list_sessions)
 
     # -- retain outbox and recall ---------------------------------------------
 
@@ -386,16 +552,18 @@ class GroupCommitStore:
         operation = functools.partial(
             outbox.enqueue, session_id=session_id, token=token, mode=mode, through_seq=through_seq, limit=limit
         )
-        self._enqueue(_Submission(operation, True, done))
+        self._enqueue(_Submission(operation, done))
 
-    async def enqueue_retain(self, session_id: str, token: int, mode: RetainMode) -> int:
-        return await self._submit(lambda db: outbox.enqueue(db, session_id, token, mode))
+    async def enqueue_retain(
+        self, session_id: str, token: int, mode: RetainMode, through_seq: int | None = None
+    ) -> int:
+        return await self._submit(lambda db: outbox.enqueue(db, session_id, token, mode, through_seq))
 
     async def enqueue_all_retains(self, mode: RetainMode, *, orphaned_only: bool = False) -> list[str]:
         return await self._submit(lambda db: outbox.enqueue_all(db, self.owner, mode, orphaned_only))
 
     async def pending_retains(self, limit: int) -> list[OutboxEntry]:
-        return await self._submit(lambda db: outbox.pending(db, limit, journal.episode_from_row), writes=False)
+        return await self._read(lambda db: outbox.pending(db, limit, journal.episode_from_row))
 
     async def claim_retain(self, entry_id: int, key: str, ttl: float) -> OutboxEntry | outbox.Unclaimable:
         return await self._submit(lambda db: outbox.claim(db, entry_id, key, self.owner, ttl, journal.episode_from_row))
@@ -407,7 +575,105 @@ class GroupCommitStore:
         await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, error))
 
     async def outbox_state(self) -> OutboxState:
-        return await self._submit(outbox.state, writes=False)
+        return await self._read(outbox.state)
 
     async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
         return await self._submit(lambda db: self._search(db, query, session_id, limit))
+
+
+class _AppendInParts:
+    """An add too large for one transaction, stored part by part (see unfinished.py).
+
+    Each part is queued when the one before it has committed, so other
+    writers and lease renewals go in between. If a part fails, the parts
+    already stored are undone before the caller hears of it; if even that
+    fails, the caller gets :class:`UncertainCommitError` (the session reloads,
+    and its next activation undoes them).
+    """
+
+    def __init__(
+        self,
+        store: GroupCommitStore,
+        session_id: str,
+        token: int,
+        first_seq: int,
+        episodes: Sequence[Episode],
+        done: Completion[AppendResult],
+    ) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._token = token
+        self._first_seq = first_seq
+        self._next_seq = first_seq
+        self._parts = _parts(episodes)
+        self._stored = 0
+        self._results: list[tuple[Episode, bool]] = []
+        self._done = done
+
+    def start(self) -> None:
+        self._store._enqueue(self._part(0))  # refused at once if the store is closing: nothing stored
+
+    def _part(self, index: int) -> _Submission:
+        episodes = self._parts[index]
+        operation = functools.partial(
+            journal.append_part,
+            session_id=self._session_id,
+            token=self._token,
+            first_seq=self._next_seq,
+            episodes=episodes,
+            add_first_seq=self._first_seq,
+            first_part=index == 0,
+            last_part=index == len(self._parts) - 1,
+        )
+        return _Submission(operation, self._part_stored, size=len(episodes))
+
+    def _part_stored(self, results: AppendResult | None, error: BaseException | None) -> None:
+        if error is None and results is not None:
+            self._results.extend(results)
+            self._next_seq += sum(1 for _, is_new in results if is_new)
+            self._stored += 1
+            if self._stored == len(self._parts):
+                self._done(tuple(self._results), None)
+                return
+            try:
+                self._store._enqueue(self._part(self._stored))
+                return
+            except EngineClosedError as closed:
+                error = closed
+        error = error or StoreError("the add was not stored")
+        if self._stored == 0:
+            self._done(None, error)  # the first part rolled back: nothing of the add is stored
+            return
+        undo = functools.partial(
+            journal.undo_append, session_id=self._session_id, token=self._token, add_first_seq=self._first_seq
+        )
+        try:
+            self._store._enqueue(_Submission(undo, functools.partial(self._undone, error)))
+        except EngineClosedError:
+            self._undone(error, None, StoreError("the store closed before the stored parts could be undone"))
+
+    def _undone(self, error: BaseException, result: object, undo_error: BaseException | None) -> None:
+        if undo_error is None:
+            self._done(None, error)
+            return
+        self._done(
+            None,
+            UncertainCommitError(
+                f"part of this add was stored and could not be undone yet ({undo_error}); it is undone when the "
+                f"session is next loaded ({error})"
+            ),
+        )
+
+
+def _parts(episodes: Sequence[Episode]) -> list[Sequence[Episode]]:
+    """Split an add into runs that each fit one transaction (an episode too large for one goes alone)."""
+    parts: list[Sequence[Episode]] = []
+    start = chars = 0
+    for index, episode in enumerate(episodes):
+        length = len(episode.content)
+        if index > start and (index - start >= TRANSACTION_ROWS or chars + length > TRANSACTION_CHARS):
+            parts.append(episodes[start:index])
+            start, chars = index, 0
+        chars += length
+    parts.append(episodes[start:])
+    return parts

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from ..episode import Episode, stored_episode, with_seq
 from ..errors import SessionBusyError, StoreError
-from . import leases, outbox
+from . import leases, outbox, unfinished
 from .base import AppendResult, SessionRow, SessionSnapshot
 from .dialect import Db, placeholders
 
@@ -46,6 +46,38 @@ def appended(first_seq: int, episodes: Sequence[Episode]) -> AppendResult:
 def append(db: Db, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode]) -> AppendResult:
     """Store episodes one by one, skipping (and returning) those whose id is already stored."""
     leases.require(db, session_id, token)
+    return _append_rows(db, session_id, first_seq, episodes)
+
+
+def append_part(
+    db: Db,
+    session_id: str,
+    token: int,
+    first_seq: int,
+    episodes: Sequence[Episode],
+    add_first_seq: int,
+    first_part: bool,
+    last_part: bool,
+) -> AppendResult:
+    """Store one part of an add too large for one transaction (see unfinished.py)."""
+    leases.require(db, session_id, token)
+    if first_part:
+        unfinished.begin(db, session_id, add_first_seq)
+    else:
+        unfinished.require(db, session_id, add_first_seq)
+    results = _append_rows(db, session_id, first_seq, episodes)
+    if last_part:
+        unfinished.finish(db, session_id, add_first_seq)
+    return results
+
+
+def undo_append(db: Db, session_id: str, token: int, add_first_seq: int) -> None:
+    """Undo the stored parts of an add that could not finish."""
+    leases.require(db, session_id, token)
+    unfinished.undo(db, session_id, add_first_seq)
+
+
+def _append_rows(db: Db, session_id: str, first_seq: int, episodes: Sequence[Episode]) -> AppendResult:
     if first_seq == 1:
         # A session's row exists once it has stored anything (or was cleared).
         db.execute(INSERT_SESSION, (session_id,))
@@ -187,4 +219,6 @@ def activate(db: Db, session_id: str, owner: str, ttl: float) -> tuple[int, Sess
     token = leases.acquire(db, session_id, owner, ttl)
     if isinstance(token, SessionBusyError):
         return token
+    # The former owner may have stopped in the middle of a large add: nothing of it was acknowledged.
+    unfinished.undo_all(db, session_id)
     return token, load(db, session_id)

@@ -18,7 +18,7 @@ from typing import Literal
 
 from ..episode import Episode
 from ..retain.batch import RetainMode, retain_key
-from . import leases
+from . import leases, unfinished
 from .base import OutboxEntry, OutboxState
 from .dialect import Db
 
@@ -116,6 +116,8 @@ def enqueue_all(db: Db, owner: str, mode: RetainMode, orphaned_only: bool = Fals
         ).fetchall()
     ]
     for session_id in sessions:
+        # Its owner is gone: an add it left half stored was never acknowledged, and is not handed on.
+        unfinished.undo_all(db, session_id)
         enqueue(db, session_id, None, mode)
     return sessions
 

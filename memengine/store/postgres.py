@@ -10,7 +10,9 @@ PostgreSQL's full-text search (``ts_rank``, the ``simple`` configuration).
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,6 +30,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("the PostgreSQL store needs psycopg 3: pip install 'memengine[postgres]'") from exc
 
+log = logging.getLogger("memengine.store")
+_CANCEL_TIMEOUT = 2.0
 _TERM = re.compile(r"\w+", re.UNICODE)
 _INSERT_SESSIONS = "INSERT INTO sessions (session_id) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING"
 _INSERT_EPISODES = (
@@ -43,6 +47,24 @@ class PostgresStore(GroupCommitStore):
     def __init__(self, conn: psycopg.Connection[Any], url: str, owner: str | None = None) -> None:
         super().__init__(conn, postgres_dialect(), owner)
         self._url = url
+
+    def _begin_read(self, db: Db) -> None:
+        db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")  # one snapshot for the whole read
+
+    def _reader_connection(self) -> Any:
+        if self._reader.closed or self._reader.broken:
+            self._reader = _connect(self._url)
+        return self._reader
+
+    def _interrupt(self) -> None:
+        # Cancelling talks to the server over a new connection: not from the event loop.
+        threading.Thread(target=self._cancel, name="memengine cancel", daemon=True).start()
+
+    def _cancel(self) -> None:
+        try:
+            self._conn.cancel_safe(timeout=_CANCEL_TIMEOUT)
+        except Exception as exc:
+            log.warning("could not cancel the PostgreSQL statement in progress: %s", exc)
 
     def _in_transaction(self) -> bool:
         status = self._conn.info.transaction_status
@@ -99,5 +121,10 @@ async def open_postgres_store(url: str, *, owner: str | None = None) -> AsyncIte
     """
     conn = await anyio.to_thread.run_sync(_connect, url)
     store = PostgresStore(conn, url, owner)
-    async with store.serving(lambda: migrate(conn)):
+
+    def prepare() -> None:
+        migrate(conn)
+        store._reader = _connect(url)  # reads go on their own connection
+
+    async with store.serving(prepare):
         yield store

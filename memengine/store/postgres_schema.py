@@ -59,7 +59,13 @@ def _statements(*statements: str) -> Callable[[Any], None]:
     return migration
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_statements(*_JOURNAL)]
+_UNFINISHED_APPENDS = (
+    # Adds too large for one transaction, while their parts are being stored (see store/unfinished.py).
+    "CREATE TABLE unfinished_appends (session_id text NOT NULL, first_seq bigint NOT NULL,"
+    "  PRIMARY KEY (session_id, first_seq))",
+)
+
+MIGRATIONS: list[Callable[[Any], None]] = [_statements(*_JOURNAL), _statements(*_UNFINISHED_APPENDS)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

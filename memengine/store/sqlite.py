@@ -30,17 +30,41 @@ from .sqlite_schema import migrate
 RECALL_INDEX_EVERY = 2000
 
 
+#: Seconds a write waits for another process's write lock before it fails.
+BUSY_TIMEOUT = 10.0
+#: Milliseconds SQLite itself waits for a lock per attempt; between attempts the store checks whether it is closing.
+_BUSY_SLICE_MS = 100
+
+
 class SQLiteStore(GroupCommitStore):
     """The SQLite backend. Open it with :func:`open_sqlite_store`."""
 
-    _begin = "BEGIN IMMEDIATE"
-
-    def __init__(self, conn: sqlite3.Connection, owner: str | None = None) -> None:
-        super().__init__(conn, sqlite_dialect(), owner)
+    def __init__(
+        self, conn: sqlite3.Connection, owner: str | None = None, reader: sqlite3.Connection | None = None
+    ) -> None:
+        super().__init__(conn, sqlite_dialect(), owner, reader)
         self._unindexed = 0  # episodes appended since recall's index last caught up (this process)
+
+    def _begin(self, db: Db) -> None:
+        # Take the write lock now, waiting for another process's transaction in
+        # short slices, so that a store being closed stops waiting at once.
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        while True:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or self._aborted or time.monotonic() >= deadline:
+                    raise
+
+    def _begin_read(self, db: Db) -> None:
+        db.execute("BEGIN")  # deferred: a snapshot, no lock that writers wait for (WAL)
 
     def _in_transaction(self) -> bool:
         return bool(self._conn.in_transaction)
+
+    def _interrupt(self) -> None:
+        self._conn.interrupt()  # safe from any thread: the running statement fails with "interrupted"
 
     def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
         if sessions:
@@ -66,10 +90,15 @@ class SQLiteStore(GroupCommitStore):
         super().submit_append(session_id, token, first_seq, episodes, done)
 
 
+def _is_busy(error: sqlite3.OperationalError) -> bool:
+    message = str(error)
+    return "locked" in message or "busy" in message
+
+
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     # First, so that every later statement waits for another process's lock rather than failing.
-    conn.execute("PRAGMA busy_timeout = 10000")
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)}")
     if path != ":memory:":
         # Switching a new file to WAL can meet another process doing the same; SQLite then
         # reports "locked" at once, without the busy timeout: wait for it here instead.
@@ -104,11 +133,18 @@ async def open_sqlite_store(
     if not path:
         raise ValueError("the SQLite path must not be empty (use ':memory:' for a private in-memory store)")
     conn = await anyio.to_thread.run_sync(_connect, path)
-    store = SQLiteStore(conn, owner)
 
     def prepare() -> None:
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         migrate(conn)
+        # From now on the store waits for locks in slices (see SQLiteStore._begin).
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_SLICE_MS}")
+        if path != ":memory:":  # a second connection to ":memory:" would be another, empty database
+            reader = _connect(path)
+            reader.execute("PRAGMA query_only = ON")
+            store._reader = reader
+
+    store = SQLiteStore(conn, owner)
 
     async with store.serving(prepare):
         yield store

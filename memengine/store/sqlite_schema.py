@@ -115,7 +115,19 @@ def _add_leases(db: sqlite_utils.Database) -> None:
     db["retain_outbox"].add_column("claim_until", float)  # type: ignore[union-attr]
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_create_journal, _add_retain_and_recall, _add_leases]
+def _add_unfinished_appends(db: sqlite_utils.Database) -> None:
+    # Adds too large for one transaction, while their parts are being stored (see store/unfinished.py).
+    db["unfinished_appends"].create(  # type: ignore[union-attr]
+        {"session_id": str, "first_seq": int}, pk=("session_id", "first_seq")
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _create_journal,
+    _add_retain_and_recall,
+    _add_leases,
+    _add_unfinished_appends,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

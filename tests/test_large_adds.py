@@ -1,0 +1,201 @@
+"""Large adds: stored in bounded transactions, yet whole or not at all; leases never lapse meanwhile.
+
+One transaction used to carry a whole add, however large: a 150,000-episode
+import held the store for seconds, every other writer waited, and the lease
+renewals queued behind it let the leases of unrelated sessions expire. Now no
+transaction takes more than ``TRANSACTION_ROWS`` rows, renewals go first, and
+an add too large for one transaction is stored in parts that are undone
+together unless all of them commit (also when the process dies in between).
+
+Statements are slowed down below the store (a wrapper around its connection)
+so that a few hundred rows stand for a large import on a fast disk.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from memengine import Episode, LeaseLostError, SessionConfig, StoreError, open_engine
+from memengine.store import committer
+
+from .conftest import StoreRows
+from .large_add_worker import LARGE, OWNER, large_add
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+GUARD = 30
+
+
+class SlowWrites:
+    """Wraps the store's connection: slows statements inserting episodes; fails one that holds ``poison``."""
+
+    def __init__(self, conn: Any, per_row: float, poison: str | None = None) -> None:
+        self._conn = conn
+        self.per_row = per_row
+        self.poison = poison
+
+    def _before(self, sql: str, rows: list) -> None:
+        if not sql.lstrip().startswith("INSERT INTO episodes"):
+            return
+        time.sleep(self.per_row * len(rows))
+        if self.poison is not None and any(self.poison in str(value) for row in rows for value in row):
+            raise self._conn_error("disk I/O error (injected)")
+
+    def _conn_error(self, message: str) -> BaseException:
+        errors = type(self._conn).__module__
+        if errors.startswith("psycopg"):
+            import psycopg
+
+            return psycopg.OperationalError(message)
+        import sqlite3
+
+        return sqlite3.OperationalError(message)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        self._before(sql, [parameters])
+        return self._conn.execute(sql, parameters)
+
+    def executemany(self, sql: str, rows: Any, /) -> Any:
+        rows = list(rows)
+        self._before(sql, rows)
+        return self._conn.executemany(sql, rows)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def slow_down(engine, per_row: float, poison: str | None = None) -> SlowWrites:
+    slow = SlowWrites(engine.store._conn, per_row, poison)
+    engine.store._conn = slow
+    return slow
+
+
+def says(prefix: str, count: int) -> list[Episode]:
+    return [Episode("user", f"{prefix} {i}", id=f"{prefix}-{i}") for i in range(count)]
+
+
+async def test_a_long_import_never_lets_another_sessions_lease_lapse_nor_stalls_its_writers(
+    store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1,200 rows at 2.5 ms each: 3 s of writing, against leases of 0.9 s renewed every 0.3 s.
+    monkeypatch.setattr(committer, "TRANSACTION_ROWS", 60, raising=False)
+    config = SessionConfig(lease_ttl=0.9, lease_wait=2.0, passivate_after=None, max_episodes=10_000)
+    async with open_engine(store_url, config=config) as engine:
+        small = engine.session("small")
+        await small.add(says("small", 1))
+        slow_down(engine, per_row=0.0025)
+        small_adds_during_import = 0
+        imported = anyio.Event()
+
+        async def write_meanwhile() -> None:
+            nonlocal small_adds_during_import
+            while not imported.is_set():
+                await small.add([Episode("user", f"meanwhile {small_adds_during_import}")])
+                small_adds_during_import += 1
+                await anyio.sleep(0.05)
+
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(write_meanwhile)
+                stored = await engine.session("import").add(says("import", 1200))
+                imported.set()
+        assert [e.seq for e in stored] == list(range(1, 1201))
+        # The other session was never given up, and its writers went on during the import.
+        (after,) = await small.add([Episode("user", "after the import")])
+        assert after.seq == small_adds_during_import + 2
+        assert small_adds_during_import >= 5
+    assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 'import'") == [(1200,)]
+
+
+async def test_an_add_whose_later_part_fails_stores_none_of_it(
+    store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(committer, "TRANSACTION_ROWS", 100, raising=False)
+    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000)) as engine:
+        session = engine.session("s")
+        await session.add(says("kept", 3))
+        large = says("large", 350)
+        large[250] = Episode("user", "poison pill", id="poison")  # in the third part
+        slow_down(engine, per_row=0.0, poison="poison pill")
+        with pytest.raises(StoreError):
+            await session.add(large)
+        assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(3,)]
+        assert rows.query("SELECT count(*) FROM unfinished_appends") == [(0,)]
+        assert [e.content for e in (await session.context()).episodes] == ["kept 0", "kept 1", "kept 2"]
+        assert await engine.recall("large", session_id="s") == []
+        # The same add, healed, goes through whole, right after what was acknowledged.
+        engine.store._conn.poison = None
+        stored = await session.add(large)
+        assert [e.seq for e in stored] == list(range(4, 354))
+    assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(353,)]
+
+
+async def test_a_lost_lease_in_the_middle_of_a_large_add_stores_none_of_it(
+    store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(committer, "TRANSACTION_ROWS", 50, raising=False)
+    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000, passivate_after=None)) as engine:
+        session = engine.session("s")
+        await session.add(says("kept", 1))
+        slow_down(engine, per_row=0.002)
+        async with anyio.create_task_group() as tasks:
+
+            async def take_the_lease_over() -> None:
+                # Another process takes the session over once the add has stored a part.
+                while rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(1,)]:
+                    await anyio.sleep(0.01)
+                rows.query("UPDATE session_leases SET owner = 'other', token = token + 1 WHERE session_id = 's'")
+
+            tasks.start_soon(take_the_lease_over)
+            with anyio.fail_after(GUARD), pytest.raises((LeaseLostError, StoreError)):
+                await session.add(says("large", 400))
+    # The parts stored before the takeover are undone by whoever next loads the session.
+    rows.query("UPDATE session_leases SET owner = NULL, expires_at = 0 WHERE session_id = 's'")
+    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000)) as engine:
+        context = await engine.session("s").context()
+        assert [e.content for e in context.episodes] == ["kept 0"]
+    assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(1,)]
+
+
+async def test_a_process_killed_in_the_middle_of_a_large_add_leaves_none_of_it(
+    store_url: str, rows: StoreRows
+) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.large_add_worker", store_url, "s"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as worker:
+        try:
+            assert worker.stdout is not None
+            assert worker.stdout.readline().strip() == "acked"
+            assert worker.stdout.readline().strip() == "adding"
+            deadline = time.monotonic() + GUARD
+            # Kill it once some parts of the add are committed (and before all are).
+            while rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'")[0][0] < 101:
+                assert time.monotonic() < deadline, "the large add never started"
+                time.sleep(0.01)
+        finally:
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=30)
+    (stored_then,) = rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'")[0]
+    assert 101 <= stored_then < LARGE + 1, "the kill came before or after the parts, not between them"
+
+    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000), owner=OWNER) as engine:
+        session = engine.session("s")
+        assert [e.content for e in (await session.context()).episodes] == ["before the large add"]
+        assert await engine.recall("word1", session_id="s") == []
+        again = await session.add(large_add())  # the caller never heard back: it retries
+        assert [e.seq for e in again] == list(range(2, LARGE + 2))
+    assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(LARGE + 1,)]
+    assert rows.query("SELECT count(*) FROM unfinished_appends") == [(0,)]
