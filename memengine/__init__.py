@@ -10,6 +10,7 @@ from .engine import Engine, open_engine
 from .episode import Episode
 from .errors import (
     EngineClosedError,
+    EngineFailedError,
     LeaseLostError,
     MemEngineError,
     SessionBusyError,
@@ -30,6 +31,7 @@ __all__ = [
     "Context",
     "Engine",
     "EngineClosedError",
+    "EngineFailedError",
     "Episode",
     "ExtractiveSummarizer",
     "LeaseLostError",

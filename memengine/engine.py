@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -14,7 +14,7 @@ import anyio.abc
 from .actor.mailbox import MailboxClosed
 from .config import SessionConfig
 from .episode import require_text
-from .errors import EngineClosedError, LeaseLostError
+from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEngineError
 from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
@@ -280,46 +280,109 @@ async def open_engine(
 
     if owner is not None:
         require_text("owner", owner)
-    async with open_store(path, synchronous=synchronous, owner=owner) as store, anyio.create_task_group() as background:
-        recorder = None if record_to is None else MessageRecorder(record_to)
-        delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, config)
-        plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
-        slots = anyio.CapacityLimiter(max_concurrent_summaries)
-        services = SessionServices(store, summarizer, config, slots, plan, recorder)
-        try:
-            if delivery is not None:
-                # A crashed run's sessions never reached their exit boundary: hand on their tails now
-                # (leases under this process's own name are a crashed predecessor's).
-                await store.enqueue_all_retains(mode)
-                background.start_soon(delivery.run)
-            async with anyio.create_task_group() as tasks:
-                engine = Engine(services, tasks, delivery)
-                tasks.start_soon(engine._recover_orphans, resume_pending_summaries, mode)
-                if config.passivate_after is not None:
-                    tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)
-                tasks.start_soon(engine._renew_leases)
-                try:
-                    yield engine
-                finally:
-                    engine._close()
-        finally:
-            # Every session actor has stopped. Leaving is a boundary for them
-            # all; then the sink gets a bounded grace period.
+    body_error: BaseException | None = None
+    failure: BaseException | None
+    try:
+        async with open_store(path, synchronous=synchronous, owner=owner) as store:
+            recorder = None if record_to is None else MessageRecorder(record_to)
+            delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, config)
+            plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
+            slots = anyio.CapacityLimiter(max_concurrent_summaries)
+            services = SessionServices(store, summarizer, config, slots, plan, recorder)
             try:
-                with anyio.CancelScope(shield=True):
-                    if delivery is not None:
-                        await store.enqueue_all_retains(mode)  # a failure here is raised to the caller
-                        await delivery.drain(retain_grace)
-            finally:
-                background.cancel_scope.cancel()
-                with anyio.CancelScope(shield=True):
-                    # Last: the delivery has stopped, so no claim can be taken after this.
+                async with anyio.create_task_group() as background:
                     try:
-                        await store.release_leases()
-                    except Exception:
-                        log.exception("releasing this process's leases failed; they expire on their own")
+                        if delivery is not None:
+                            # A crashed run's sessions never reached their exit boundary: hand on their
+                            # tails now (leases under this process's own name are a crashed predecessor's).
+                            await store.enqueue_all_retains(mode)
+                            background.start_soon(delivery.run)
+                        async with anyio.create_task_group() as tasks:
+                            engine = Engine(services, tasks, delivery)
+                            tasks.start_soon(engine._recover_orphans, resume_pending_summaries, mode)
+                            if config.passivate_after is not None:
+                                tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)
+                            tasks.start_soon(engine._renew_leases)
+                            try:
+                                yield engine
+                            except BaseException as exc:
+                                # The caller's own error (or cancellation) leaves this block as
+                                # itself, not wrapped by the engine's task groups: kept for the end.
+                                body_error = exc
+                            finally:
+                                engine._close()
+                    finally:
+                        # Every session actor has stopped. Shielded and bounded: whatever
+                        # cancelled the caller, the way out still runs, and ends in time.
+                        with anyio.CancelScope(shield=True):
+                            await _leave(store, delivery, background, mode, retain_grace)
+            finally:
                 if recorder is not None:
                     recorder.close()
+    except BaseExceptionGroup as group:
+        failure = _failure(group, body_error)
+        if failure is group:
+            raise
+    else:
+        failure = body_error
+    if failure is not None:
+        raise failure  # outside the handler: the caller's error gets no engine group as its context
+
+
+#: Seconds the engine's own store work may take on the way out of ``open_engine`` (retain
+#: tails, lease release, the last commits), on top of ``retain_grace`` for the sink.
+EXIT_STORE_SECONDS = 2.0
+
+
+async def _leave(
+    store: Store, delivery: RetainDelivery | None, background: anyio.abc.TaskGroup, mode: RetainMode, grace: float
+) -> None:
+    """Leaving is a boundary for every session: hand on their tails, give the sink ``grace``, release the leases.
+
+    The store work shares :data:`EXIT_STORE_SECONDS`; what does not fit (a
+    locked or unreachable database) is left for the next start, which finds
+    the tails unrecorded and the leases expired.
+    """
+    spent = 0.0
+
+    async def within_budget(what: str, operation: Callable[[], Awaitable[object]]) -> None:
+        nonlocal spent
+        started = anyio.current_time()
+        with anyio.move_on_after(max(EXIT_STORE_SECONDS - spent, 0.0)) as scope:
+            try:
+                await operation()
+            except Exception as exc:
+                log.warning("leaving the engine: %s failed (%s); it is done at the next start", what, exc)
+        if scope.cancelled_caught:
+            log.warning("leaving the engine: %s did not finish in time; it is done at the next start", what)
+        spent += anyio.current_time() - started
+
+    if delivery is not None:
+        await within_budget("recording the retain tails", lambda: store.enqueue_all_retains(mode))
+        await delivery.drain(grace)
+    background.cancel_scope.cancel()  # delivery stops: no claim is taken after the release below
+    await within_budget("releasing the leases", store.release_leases)
+    await store.aclose(max(EXIT_STORE_SECONDS - spent, 0.0))
+
+
+def _failure(group: BaseExceptionGroup, body_error: BaseException | None) -> BaseException:
+    """What leaves ``open_engine`` when its task groups failed.
+
+    Cancellation passes through unchanged; the caller's own error wins over
+    the engine's; otherwise the engine's failure, as one :class:`MemEngineError`.
+    """
+    _, failed = group.split(anyio.get_cancelled_exc_class())
+    if failed is None:
+        return group if body_error is None else body_error
+    for error in failed.exceptions:
+        log.error("the engine failed: %r", error, exc_info=error)
+    if body_error is not None and not isinstance(body_error, anyio.get_cancelled_exc_class()):
+        return body_error
+    if len(failed.exceptions) == 1 and isinstance(failed.exceptions[0], MemEngineError):
+        return failed.exceptions[0]
+    error = EngineFailedError(f"the engine stopped because of an internal error: {failed.exceptions[0]!r}")
+    error.__cause__ = failed
+    return error
 
 
 def _retain_mode(sink: object) -> RetainMode:

@@ -27,6 +27,15 @@ class EngineClosedError(MemEngineError):
     """
 
 
+class EngineFailedError(MemEngineError):
+    """One of the engine's own tasks failed unexpectedly (a bug): the engine stopped.
+
+    Raised when leaving ``open_engine``; the original error is its ``__cause__``.
+    An error raised by the code inside the ``async with`` block is never replaced
+    by this: it leaves the block as itself.
+    """
+
+
 class StoreError(MemEngineError):
     """The store failed to carry out an operation; nothing of it was committed."""
 

@@ -507,16 +507,18 @@ async def test_a_failed_close_raises_store_error_and_loses_nothing(db_path: Path
     assert stored.query("SELECT count(*) FROM retain_outbox") == [(0,)]
 
 
-async def test_a_store_failure_on_the_way_out_is_reported_and_the_tail_handed_on_next_time(
-    db_path: Path, stored: StoredRows
+async def test_a_store_failure_on_the_way_out_is_logged_and_the_tail_handed_on_next_time(
+    db_path: Path, stored: StoredRows, caplog: pytest.LogCaptureFixture
 ) -> None:
     sink = RecordingSink()
     config = SessionConfig(retain_every=100, **FAST)
-    with pytest.raises(BaseException) as leaving:  # checked below: StoreErrors, perhaps in exception groups
-        async with open_engine(db_path, retain_sink=sink, config=config) as engine:
-            await add_each(engine.session("s"), turns(3))
-            install_faults(engine).inject("INSERT INTO retain_outbox")  # lasts while the engine exits
-    assert leaves(leaving.value) and all(isinstance(leaf, StoreError) for leaf in leaves(leaving.value))
+    # Leaving does not raise for work the next start redoes (nothing acknowledged is at stake); it says so.
+    async with open_engine(db_path, retain_sink=sink, config=config) as engine:
+        await add_each(engine.session("s"), turns(3))
+        install_faults(engine).inject("INSERT INTO retain_outbox")  # lasts while the engine exits
+    assert any(
+        "recording the retain tails failed" in r.getMessage() and "injected" in r.getMessage() for r in caplog.records
+    )
     assert sink.batches == []
     assert [content for _, content in stored.episodes("s")] == ["turn 1", "turn 2", "turn 3"]
     async with open_engine(db_path, retain_sink=sink, config=config):

@@ -17,6 +17,7 @@ def test_exports_are_deliberate() -> None:
         "Context",
         "Engine",
         "EngineClosedError",
+        "EngineFailedError",
         "Episode",
         "ExtractiveSummarizer",
         "LeaseLostError",
