@@ -109,7 +109,53 @@ def store_summary(db: Db, session_id: str, token: int, generation: int, through_
         "generation = excluded.generation, summary = excluded.summary, created_at = excluded.created_at",
         (session_id, through_seq, generation, summary, datetime.now(UTC).isoformat(), session_id, generation),
     )
-    return bool(cursor.rowcount == 1)
+    if cursor.rowcount != 1:
+        return False
+    _thin_summaries(db, session_id)
+    return True
+
+
+#: Summaries kept per session, newest first: the newest few, then ever sparser older ones.
+KEPT_SUMMARIES = 12
+_NEWEST_KEPT = 2
+
+
+def kept_summaries(through_seqs: Sequence[int]) -> list[int]:
+    """Which summaries (by ``through_seq``, any order) a session keeps.
+
+    Only the newest is read; older ones are what a delete falls back on: a
+    delete of seq ``s`` drops every summary reaching ``s`` and re-summarizes
+    from the newest one before it. So the newest two are kept, then each older
+    one only if it lies at least twice as far back as the one kept before it:
+    fallbacks within about a factor of two of any point, at most
+    :data:`KEPT_SUMMARIES` rows per session however long it lives.
+    """
+    ordered = sorted(through_seqs, reverse=True)
+    if not ordered:
+        return []
+    newest = ordered[0]
+    kept = [newest]
+    for through_seq in ordered[1:]:
+        if len(kept) >= KEPT_SUMMARIES:
+            break
+        if len(kept) < _NEWEST_KEPT or newest - through_seq >= 2 * (newest - kept[-1]):
+            kept.append(through_seq)
+    return kept
+
+
+def _thin_summaries(db: Db, session_id: str) -> None:
+    through_seqs = [
+        row[0] for row in db.execute("SELECT through_seq FROM summaries WHERE session_id = ?", (session_id,)).fetchall()
+    ]
+    if len(through_seqs) <= _NEWEST_KEPT:
+        return
+    dropped = sorted(set(through_seqs) - set(kept_summaries(through_seqs)))
+    for start in range(0, len(dropped), 500):
+        chunk = dropped[start : start + 500]
+        db.execute(
+            f"DELETE FROM summaries WHERE session_id = ? AND through_seq IN ({placeholders(len(chunk))})",
+            (session_id, *chunk),
+        )
 
 
 def delete_episodes(db: Db, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
