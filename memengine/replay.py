@@ -20,6 +20,7 @@ tests and debugging, not for production throughput.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from datetime import datetime
@@ -34,22 +35,36 @@ from .session.messages import AddEpisodes, ClearSession, ClientMessage, CloseSes
 if TYPE_CHECKING:
     from .engine import Engine
 
+log = logging.getLogger("memengine.replay")
+
 
 class MessageRecorder:
-    """Appends handled messages to a JSON-lines file."""
+    """Appends handled messages to a JSON-lines file.
+
+    Recording is a tool for tests and debugging: a write that fails (a full
+    disk) is logged once and recording stops; the engine goes on unharmed.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(path)
         self._file: TextIO = open(path, "a", encoding="utf-8")
+        self._broken = False
 
     def record(self, session_id: str, message: ClientMessage, value: Any, error: BaseException | None) -> None:
+        if self._broken:
+            return
         kind, payload, outcome = _describe(message, value)
         line: dict[str, Any] = {"session": session_id, "type": kind, "payload": payload}
         if error is None:
             line["outcome"] = outcome
         else:
             line["error"] = {"type": type(error).__name__, "message": str(error)}
-        self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
+            self._file.flush()
+        except (OSError, ValueError) as exc:
+            self._broken = True
+            log.error("recording messages to %s failed (%s); recording stops, the engine goes on", self._path, exc)
 
     def close(self) -> None:
         self._file.close()

@@ -142,3 +142,29 @@ async def test_a_log_that_no_longer_matches_is_reported(tmp_path) -> None:
     async with open_engine(tmp_path / "t.db") as engine:
         report = await replay(log, engine)
     assert report.mismatches == ("message 1 (add on 's'): recorded {'seqs': [7]}, replayed {'seqs': [1]}",)
+
+
+async def test_a_recorder_that_cannot_write_never_breaks_the_session(tmp_path, caplog) -> None:
+    log_path = tmp_path / "messages.jsonl"
+    async with open_engine(tmp_path / "memory.db", record_to=log_path) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "recorded")])
+        recorder = engine._services.recorder
+
+        class FullDisk:
+            def write(self, text: str) -> int:
+                raise OSError(28, "No space left on device")
+
+            def flush(self) -> None:
+                pass
+
+            def close(self) -> None:
+                pass
+
+        recorder._file.close()
+        recorder._file = FullDisk()
+        (second,) = await session.add([Episode("user", "not recorded")])
+        (third,) = await session.add([Episode("user", "nor this")])
+        assert (second.seq, third.seq) == (2, 3)
+        assert [e.seq for e in (await session.context()).episodes] == [1, 2, 3]
+    assert any("No space left on device" in record.getMessage() for record in caplog.records)
