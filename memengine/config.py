@@ -49,6 +49,10 @@ class SessionConfig:
     bound what one episode may hold: ``add`` refuses a larger one with
     ``ValueError`` and stores nothing of that call.
 
+    ``mailbox_capacity`` bounds the calls waiting for one session: when that
+    many are queued unhandled, a further call waits for room before it is sent
+    (back-pressure; a call cancelled while it waits was not sent).
+
     ``lease_ttl`` is how long a process's ownership of an active session lasts
     unless renewed (the engine renews every third of it): after a process
     dies, its sessions are taken over within about this long. ``lease_wait``
@@ -75,3 +79,4 @@ class SessionConfig:
     retain_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
     lease_ttl: float = attrs.field(default=10.0, validator=_positive_seconds)
     lease_wait: float = attrs.field(default=12.0, validator=_non_negative_seconds)
+    mailbox_capacity: int = attrs.field(default=1000, validator=_positive_int)

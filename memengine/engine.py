@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,9 +19,10 @@ from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEng
 from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
-from .session.actor import RetainPlan, SessionActor, SessionServices
+from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
 from .session.messages import ClientMessage, LeaseLost, Tick
+from .session.retain_flush import RetainPlan
 from .store.base import Recalled, Store
 from .store.open import open_store
 from .summarizer.extractive import ExtractiveSummarizer
@@ -100,15 +102,30 @@ class Engine:
             raise ValueError(f"a session id is at most {MAX_SESSION_ID_CHARS} characters, got {len(session_id)}")
         return Session(self, session_id)
 
-    def _deliver(self, session_id: str, message: ClientMessage) -> None:
-        """Put a message in the session's mailbox, activating the session if needed."""
+    async def _send(self, session_id: str, message: ClientMessage) -> None:
+        """Put a caller's message in the session's mailbox, activating the session if needed.
+
+        When the mailbox is full (``SessionConfig.mailbox_capacity`` calls
+        waiting), wait for room. Cancelled while waiting, nothing was sent.
+        """
+        while True:
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            actor = self._actors.get(session_id) or self._activate(session_id)
+            if actor.mailbox.has_room():
+                actor.mailbox.send_now(message)
+                return
+            await actor.mailbox.wait_for_room()  # or the actor stopped: then a new activation
+
+    def _hand_on(self, session_id: str, message: ClientMessage) -> None:
+        """Give a message an activation that stopped without handling it to a new one (never waits)."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
         actor = self._actors.get(session_id) or self._activate(session_id)
         actor.mailbox.put(message)
 
     def _activate(self, session_id: str) -> SessionActor:
-        actor = SessionActor(session_id, self._services, self._forget, self._deliver)
+        actor = SessionActor(session_id, self._services, self._forget, self._hand_on)
         self._actors[session_id] = actor
         self._tasks.start_soon(self._run_actor, actor, name=f"memengine session {session_id!r}")
         return actor
@@ -266,8 +283,8 @@ async def open_engine(
         raise TypeError(f"config must be a SessionConfig, not {type(config).__name__}")
     if summarizer is None:
         summarizer = ExtractiveSummarizer()
-    elif not callable(getattr(summarizer, "summarize", None)):
-        raise TypeError("summarizer must have an async summarize(previous, episodes) method")
+    else:
+        _require_async_method(summarizer, "summarizer", "summarize", "previous, episodes")
     if isinstance(max_concurrent_summaries, bool) or not isinstance(max_concurrent_summaries, int):
         raise TypeError("max_concurrent_summaries must be an int")
     if max_concurrent_summaries < 1:
@@ -385,11 +402,22 @@ def _failure(group: BaseExceptionGroup, body_error: BaseException | None) -> Bas
     return error
 
 
+def _require_async_method(target: object, what: str, name: str, arguments: str) -> None:
+    """Refuse, when the engine opens, an object whose method the engine awaits but which is not async."""
+    method = getattr(target, name, None)
+    if not callable(method):
+        raise TypeError(f"{what} must have an `async def {name}(self, {arguments})` method")
+    if (inspect.isfunction(method) or inspect.ismethod(method)) and not inspect.iscoroutinefunction(method):
+        raise TypeError(
+            f"{what}.{name} is a plain function; the engine awaits it: define it as "
+            f"`async def {name}(self, {arguments})`"
+        )
+
+
 def _retain_mode(sink: object) -> RetainMode:
     if sink is None:
         return "append"
-    if not callable(getattr(sink, "retain", None)):
-        raise TypeError("retain_sink must have an async retain(batch) method")
+    _require_async_method(sink, "retain_sink", "retain", "batch")
     mode = getattr(sink, "mode", "append")
     if mode not in ("append", "replace"):
         raise ValueError(f"retain_sink.mode must be 'append' or 'replace', not {mode!r}")

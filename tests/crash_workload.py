@@ -27,7 +27,8 @@ carries ``i``, its 0-based index among all lines printed.
   episodes under the same ``n``), ``close``, ``read`` (the context returned:
   ``summary``, ``summarized_through``, ``evicted_through``, ``episodes`` as
   ``[seq, id, content]``; ``wait`` tells if it waited for the summary),
-  ``read_timeout`` and ``done`` report other events.
+  ``read_timeout``, ``read_summary_failed`` (a waiting read told that the
+  summarizer failed every attempt) and ``done`` report other events.
 
 Per session, mutations are sequential (one at a time, or two identical adds
 at once), and reads never overlap a mutation of their session, so the state a
@@ -55,7 +56,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from memengine import Episode, SessionClosedError, SessionConfig, open_engine
+from memengine import Episode, SessionClosedError, SessionConfig, SummaryError, open_engine
 
 from .fakes import fold
 
@@ -280,7 +281,11 @@ class Workload:
         if wait:
             context = None
             with anyio.move_on_after(self.rngs[session].choice([0.002, 0.02, 0.2])):
-                context = await handle.context(wait_for_summary=True)
+                try:
+                    context = await handle.context(wait_for_summary=True)
+                except SummaryError as failed:  # the summarizer failed every attempt meanwhile
+                    self.out.emit(op="read_summary_failed", session=session, error=str(failed))
+                    return
             if context is None:
                 self.out.emit(op="read_timeout", session=session)
                 return

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from memengine import Episode
+from memengine import Episode, SummaryError
 
 
 def fold(previous: str | None, episodes: Sequence[Episode]) -> str:
@@ -79,6 +79,19 @@ class FailingSummarizer(RecordingSummarizer):
                 return self.bad  # type: ignore[return-value]
             raise RuntimeError(f"model unavailable (call {len(self.calls)})")
         return result
+
+
+async def context_once_summarized(session):
+    """``context(wait_for_summary=True)``, asked again after each :class:`SummaryError`, as a patient client would.
+
+    A waiting read is told when the summarizer failed every attempt; tests whose
+    summarizer recovers later wait through such rounds with this.
+    """
+    while True:
+        try:
+            return await session.context(wait_for_summary=True)
+        except SummaryError:
+            await anyio.sleep(0.001)
 
 
 def turns(count: int, start: int = 1, prefix: str = "turn") -> list[Episode]:

@@ -259,7 +259,9 @@ def replay(run: ChildRun, config: SessionConfig) -> dict[str, SessionModel]:
             if line["wait"]:
                 assert line["evicted_through"] == line["summarized_through"], f"waited, still pending: {where}"
         else:
-            assert op in ("add_cancelled", "close", "read_timeout", "done"), f"unknown line: {where}"
+            assert op in ("add_cancelled", "close", "read_timeout", "read_summary_failed", "done"), (
+                f"unknown line: {where}"
+            )
     return models
 
 

@@ -26,7 +26,7 @@ from trio.testing import MockClock
 
 from memengine import Episode, SessionClosedError, SessionConfig, open_engine
 
-from .fakes import RecordingSink, covered, fold
+from .fakes import RecordingSink, context_once_summarized, covered, fold
 
 SOAK = int(os.environ.get("MEMENGINE_SOAK", "1"))
 SESSIONS = ("alice", "bob")
@@ -181,7 +181,7 @@ class EngineMachine(RuleBasedStateMachine):
 
         async def wait() -> object:
             with anyio.fail_after(30):
-                return await handle.context(wait_for_summary=True)
+                return await context_once_summarized(handle)  # told of failed rounds; asks again
 
         context = self.portal.call(wait)
         self._check_context(session, context)

@@ -40,11 +40,12 @@ from memengine import (
     SessionClosedError,
     SessionConfig,
     StoreError,
+    SummaryError,
     open_engine,
 )
 
 from .conftest import StoredRows
-from .fakes import RecordingSink, RecordingSummarizer, add_each, covered, fold, turns
+from .fakes import RecordingSink, RecordingSummarizer, add_each, context_once_summarized, covered, fold, turns
 
 pytestmark = pytest.mark.anyio
 
@@ -444,18 +445,13 @@ async def test_failed_summary_writes_keep_episodes_raw_until_the_fault_clears(
         await add_each(engine.session("t"), turns(3, prefix="t"))
         assert covered((await engine.session("t").context(wait_for_summary=True)).summary) == ["t 1"]
 
-        waited: list = []
-
-        async def wait_for_summary() -> None:
-            waited.append(await session.context(wait_for_summary=True))
-
+        # A reader waiting for the summary is told why it does not come, rather than kept waiting.
+        with anyio.fail_after(GUARD), pytest.raises(SummaryError, match="storing the summary") as failed:
+            await session.context(wait_for_summary=True)
+        assert "disk I/O error (injected)" in str(failed.value)
+        faults.heal()  # a reader is answered once the summary is stored
         with anyio.fail_after(GUARD):
-            async with anyio.create_task_group() as readers:
-                readers.start_soon(wait_for_summary)
-                await anyio.wait_all_tasks_blocked()
-                assert not waited  # nothing it could be answered with yet
-                faults.heal()  # the reader is answered once the summary is stored
-    (context,) = waited
+            context = await session.context(wait_for_summary=True)
     assert covered(context.summary) == ["turn 1", "turn 2", "turn 3"]
     assert [e.content for e in context.episodes] == ["turn 4", "turn 5"]
     assert stored.summaries("s") == [(3, "turn 1|turn 2|turn 3")]
@@ -686,8 +682,9 @@ MISBEHAVIOURS = {
     "returns bytes": b"turn 1 turn 2",
     "returns a list": ["turn 1", "turn 2"],
     "returns blank": " \n\t",
-    "returns unstorable text": "a lone surrogate \ud800 cannot be stored",
+    "returns NUL only": "\x00\x00",  # nothing left once made storable
 }
+# Text with a NUL or a lone surrogate in it is cleaned and stored, not refused: see test_waiting_reads.py.
 
 
 class MisbehavingSummarizer:
@@ -732,10 +729,15 @@ async def test_a_misbehaving_summarizer_blocks_no_writer_and_is_summarized_after
         await add_each(session, turns(4, prefix="s"))
         with anyio.fail_after(GUARD):
             await summarizer.wait_until_called(1 if misbehaviour == "hangs" else 3)  # retried, in vain
-        # A reader that waits for the summary times out on its own; nothing else notices.
-        with anyio.move_on_after(0.05) as patience:
-            await session.context(wait_for_summary=True)
-        assert patience.cancelled_caught
+        if misbehaviour == "hangs":
+            # A reader that waits for the summary times out on its own; nothing else notices.
+            with anyio.move_on_after(0.05) as patience:
+                await session.context(wait_for_summary=True)
+            assert patience.cancelled_caught
+        else:
+            # A reader that waits for the summary is told it failed (rather than waiting for ever).
+            with anyio.fail_after(GUARD), pytest.raises(SummaryError):
+                await session.context(wait_for_summary=True)
         context = await session.context()
         assert context.summary is None
         assert [e.content for e in context.episodes] == ["s 1", "s 2", "s 3", "s 4"]
@@ -748,7 +750,7 @@ async def test_a_misbehaving_summarizer_blocks_no_writer_and_is_summarized_after
 
         summarizer.recover()
         with anyio.fail_after(GUARD):
-            context = await session.context(wait_for_summary=True)
+            context = await context_once_summarized(session)  # a round may still fail as it recovers
     assert covered(context.summary) + [e.content for e in context.episodes] == [f"s {i}" for i in range(1, 6)]
     assert covered(context.summary) == ["s 1", "s 2", "s 3"]
     assert stored.summaries("s")[-1] == (3, "s 1|s 2|s 3")

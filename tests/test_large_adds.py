@@ -152,7 +152,7 @@ async def test_a_lost_lease_in_the_middle_of_a_large_add_stores_none_of_it(
 
             async def take_the_lease_over() -> None:
                 # Another process takes the session over once the add has stored a part.
-                while rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(1,)]:
+                while rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(1,)]:  # noqa: ASYNC110
                     await anyio.sleep(0.01)
                 rows.query("UPDATE session_leases SET owner = 'other', token = token + 1 WHERE session_id = 's'")
 
@@ -167,9 +167,8 @@ async def test_a_lost_lease_in_the_middle_of_a_large_add_stores_none_of_it(
     assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(1,)]
 
 
-async def test_a_process_killed_in_the_middle_of_a_large_add_leaves_none_of_it(
-    store_url: str, rows: StoreRows
-) -> None:
+def kill_in_the_middle_of_the_large_add(store_url: str, rows: StoreRows) -> int:
+    """Run the worker; kill -9 it once some parts of its large add are committed; return the rows then."""
     with subprocess.Popen(
         [sys.executable, "-m", "tests.large_add_worker", store_url, "s"],
         cwd=ROOT,
@@ -181,14 +180,17 @@ async def test_a_process_killed_in_the_middle_of_a_large_add_leaves_none_of_it(
             assert worker.stdout.readline().strip() == "acked"
             assert worker.stdout.readline().strip() == "adding"
             deadline = time.monotonic() + GUARD
-            # Kill it once some parts of the add are committed (and before all are).
             while rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'")[0][0] < 101:
                 assert time.monotonic() < deadline, "the large add never started"
                 time.sleep(0.01)
         finally:
             os.kill(worker.pid, signal.SIGKILL)
             worker.wait(timeout=30)
-    (stored_then,) = rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'")[0]
+    return int(rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'")[0][0])
+
+
+async def test_a_process_killed_in_the_middle_of_a_large_add_leaves_none_of_it(store_url: str, rows: StoreRows) -> None:
+    stored_then = kill_in_the_middle_of_the_large_add(store_url, rows)
     assert 101 <= stored_then < LARGE + 1, "the kill came before or after the parts, not between them"
 
     async with open_engine(store_url, config=SessionConfig(max_episodes=10_000), owner=OWNER) as engine:

@@ -1,4 +1,4 @@
-"""An actor's mailbox: messages in arrival order, cancel-safe waiting."""
+"""An actor's mailbox: messages in arrival order, cancel-safe waiting, bounded for clients."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ class MailboxClosed(Exception):
 class Mailbox(Generic[T]):
     """A FIFO of messages for one actor.
 
-    Putting never waits: every client message carries a reply its sender awaits,
-    so the depth is bounded by the number of callers waiting on this session,
-    and a child actor's acknowledgement can never block on its parent.
+    Clients :meth:`send`: when ``capacity`` messages from clients wait
+    unhandled, a further sender waits for room (back-pressure; cancelling that
+    wait sends nothing). The actor's own traffic (a child's acknowledgement, a
+    tick, a message handed on from an earlier activation) is :meth:`put`
+    without waiting, so it can never block on its parent.
 
     The actor waits for mail with :meth:`wait_for_mail`, which may be cancelled
     (by an idle deadline) without losing a message: messages stay in the queue
@@ -27,24 +29,48 @@ class Mailbox(Generic[T]):
     memory stream can drop an item already handed to the receiver.)
     """
 
-    __slots__ = ("_arrived", "_closed", "_queue")
+    __slots__ = ("_arrived", "_capacity", "_closed", "_from_clients", "_queue", "_room")
 
-    def __init__(self) -> None:
-        self._queue: deque[T] = deque()
+    def __init__(self, capacity: int = 1_000_000) -> None:
+        self._queue: deque[tuple[T, bool]] = deque()
         self._arrived = anyio.Event()
+        self._room: anyio.Event | None = None  # made only when a sender must wait
+        self._capacity = capacity
+        self._from_clients = 0
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def has_room(self) -> bool:
+        return self._from_clients < self._capacity
+
     def put(self, message: T) -> None:
-        if self._closed:
-            raise MailboxClosed
-        self._queue.append(message)
-        self._arrived.set()
+        """Queue the actor's own traffic (never waits; not counted against the capacity)."""
+        self._append(message, False)
+
+    def send_now(self, message: T) -> None:
+        """Queue a client's message; the caller has checked :meth:`has_room`."""
+        self._append(message, True)
+        self._from_clients += 1
+
+    async def wait_for_room(self) -> None:
+        """Return once a client message may be sent, or the mailbox closed. Cancelling loses nothing."""
+        while not self.has_room() and not self._closed:
+            if self._room is None:
+                self._room = anyio.Event()
+            await self._room.wait()
 
     def take(self) -> T | None:
         """The oldest message, or ``None`` when the mailbox is empty."""
-        if self._queue:
-            return self._queue.popleft()
-        return None
+        if not self._queue:
+            return None
+        message, from_client = self._queue.popleft()
+        if from_client:
+            self._from_clients -= 1
+            self._wake_senders()
+        return message
 
     async def wait_for_mail(self) -> None:
         """Return once the mailbox holds a message. Cancelling loses nothing."""
@@ -55,6 +81,19 @@ class Mailbox(Generic[T]):
     def close(self) -> list[T]:
         """Refuse further messages; return those never taken."""
         self._closed = True
-        left = list(self._queue)
+        left = [message for message, _ in self._queue]
         self._queue.clear()
+        self._from_clients = 0
+        self._wake_senders()
         return left
+
+    def _append(self, message: T, from_client: bool) -> None:
+        if self._closed:
+            raise MailboxClosed
+        self._queue.append((message, from_client))
+        self._arrived.set()
+
+    def _wake_senders(self) -> None:
+        if self._room is not None:
+            self._room.set()
+            self._room = None

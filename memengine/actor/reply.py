@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import anyio
@@ -16,28 +17,56 @@ class Reply(Generic[T]):
     cancelled in :meth:`wait` stops waiting on its own reply and affects nothing
     else: the actor still handles the message and sets the reply. Setting a reply
     twice keeps the first answer.
+
+    A caller that gave up (cancelled before the answer came) marks the reply
+    :attr:`abandoned`, and the actor's :meth:`on_abandon` callback, if any,
+    runs: an actor holding the message for later (a read waiting for a
+    summary) lets it go at once.
     """
 
-    __slots__ = ("_done", "_error", "_value")
+    __slots__ = ("_done", "_error", "_on_abandon", "_value", "abandoned")
 
     def __init__(self) -> None:
         self._done = anyio.Event()
         self._value: T | None = None
         self._error: BaseException | None = None
+        self._on_abandon: Callable[[], object] | None = None
+        self.abandoned = False
+
+    @property
+    def answered(self) -> bool:
+        return self._done.is_set()
 
     def set(self, value: T) -> None:
         if not self._done.is_set():
             self._value = value
+            self._on_abandon = None
             self._done.set()
 
     def fail(self, error: BaseException) -> None:
         if not self._done.is_set():
             self._error = error
+            self._on_abandon = None
             self._done.set()
+
+    def on_abandon(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (once) if the caller gives up before the answer."""
+        if self.abandoned:
+            callback()
+        else:
+            self._on_abandon = callback
 
     async def wait(self) -> T:
         """Wait for the answer. This is a checkpoint; if cancelled, only this wait ends."""
-        await self._done.wait()
+        try:
+            await self._done.wait()
+        except BaseException:
+            if not self._done.is_set():
+                self.abandoned = True
+                callback, self._on_abandon = self._on_abandon, None
+                if callback is not None:
+                    callback()
+            raise
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]

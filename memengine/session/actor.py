@@ -1,17 +1,18 @@
-"""The session actor: one task owning all of a session's state.
+"""The session actor: one task owning all of a session's state, one handler per message.
 
 It reads its mailbox and handles one message at a time, in arrival order; a
 handler awaits only the store, never the summarizer or a client. Reads are
 answered from memory. When the raw window overflows, evicted episodes go to the
-summarizer child; they stay visible raw until the child acknowledges a stored
-summary. Clear and delete change the session's generation, which fences off any
-summary computed before them.
+summarizer child (see summary.py); they stay visible raw until the child
+acknowledges a stored summary. The actor's collaborators each keep one
+concern: the lease (lease.py), the summary bookkeeping (summary.py), the reads
+waiting for a summary (waiting_reads.py) and the hand-off to the retain
+outbox (retain_flush.py).
 
-Across processes, a session is leased: the actor takes the lease when it
-activates (waiting up to ``lease_wait`` for another owner), every write
-carries the lease's fencing token, and the actor gives the session up as soon
-as a write is refused or the engine's renewal fails (a stale lease). Reads are
-answered from memory only while the lease is known to be valid.
+An activation whose memory may no longer be the store's (its lease was lost,
+or a commit is in doubt) gives the session up at once: it answers nothing
+more, and the messages it had not handled go to a new activation, which loads
+the session from the store.
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from ..errors import (
     MemEngineError,
     SessionBusyError,
     StoreError,
+    SummaryError,
     UncertainCommitError,
 )
 from ..replay import MessageRecorder
-from ..retain.batch import RetainMode
-from ..retain.delivery import RetainDelivery
 from ..store.base import AppendResult, SessionSnapshot, Store
-from ..summarizer.actor import SummarizeBatch, SummarizerActor
+from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
+from .lease import SessionLease
 from .messages import (
     AddEpisodes,
     ClearSession,
@@ -55,18 +56,12 @@ from .messages import (
     SummaryStored,
     Tick,
 )
+from .retain_flush import RetainFlush, RetainPlan
+from .summary import SessionSummary
+from .waiting_reads import WaitingReads
 from .window import RawWindow
 
 log = logging.getLogger("memengine.session")
-
-
-@attrs.frozen
-class RetainPlan:
-    """How sessions hand their episodes on to long-term memory (absent without a sink)."""
-
-    mode: RetainMode
-    every: int
-    delivery: RetainDelivery
 
 
 @attrs.frozen
@@ -81,51 +76,68 @@ class SessionServices:
     recorder: MessageRecorder | None = None
 
 
+class _HandOn(Exception):
+    """The message was not handled: the session was given up meanwhile, and a new activation takes it."""
+
+
+def _means_reload(error: BaseException | None) -> bool:
+    """Whether this activation's memory may no longer be the store's after ``error``."""
+    return isinstance(error, LeaseLostError | UncertainCommitError)
+
+
 class SessionActor:
     def __init__(
         self,
         session_id: str,
         services: SessionServices,
         on_stop: Callable[[SessionActor], None],
-        redeliver: Callable[[str, ClientMessage], None] | None = None,
+        hand_on: Callable[[str, ClientMessage], None] | None = None,
     ) -> None:
         self.session_id = session_id
-        self.mailbox: Mailbox[SessionMessage] = Mailbox()
+        config = services.config
+        self._config = config
+        self.mailbox: Mailbox[SessionMessage] = Mailbox(config.mailbox_capacity)
         self._store = services.store
-        self._config = services.config
-        self._retain = services.retain
         self._recorder = services.recorder
         self._on_stop = on_stop
-        self._redeliver = redeliver
-        self._summarizer = SummarizerActor(
-            session_id, services.summarizer, services.store, services.config, services.summary_slots, self.mailbox.put
+        self._hand_on = hand_on
+        self._lease = SessionLease(session_id, services.store, config)
+        self._child = SummarizerActor(
+            session_id, services.summarizer, services.store, config, services.summary_slots, self.mailbox.put
         )
-        # The lease: its fencing token once activated, and until when (by this
-        # process's clock) it is surely still ours.
-        self.token: int | None = None
-        self._lease_valid_until = -math.inf
-        self._lease_lost: LeaseLostError | None = None
+        self._summary = SessionSummary(self._child, config)
+        self._retain = (
+            None
+            if services.retain is None
+            else RetainFlush(
+                session_id, services.store, services.retain, self._acknowledged_seq, self._lease.current, self._give_up
+            )
+        )
+        self._waiting = WaitingReads()
         # State, recovered from the store on activation.
-        self._generation = 0
         self._last_seq = 0
-        self._summary: str | None = None
-        self._summarized_through = 0
-        self._window = RawWindow(services.config.max_episodes, services.config.max_chars)
-        self._retained_through = 0  # episodes up to here are in the retain outbox (or delivered)
-        self._retain_in_flight = False
-        self._retain_settled: anyio.Event | None = None  # made only when a flush must wait
-        # Summarizer bookkeeping.
-        self._summary_in_flight = False
-        self._retry_at: float | None = None
-        self._waiters: list[tuple[int, ReadContext]] = []  # (seq to be summarized, the read waiting)
+        self._window = RawWindow(config.max_episodes, config.max_chars)
+        # Set once this activation may no longer hold the store's truth.
+        self._given_up: LeaseLostError | None = None
         self._handling: SessionMessage | None = None
+        self._not_handled: list[ClientMessage] = []  # for the next activation, before the mailbox's rest
         self._append_in_flight = False
-        self._append_settled: anyio.Event | None = None  # made only when a second append must wait
+        self._append_settled: anyio.Event | None = None  # made only when a handler must wait for it
         # Passivation: decided from the engine's ticks, so the hot path reads no clock.
         self._active_since_tick = True
         self._quiet_since: float | None = None
         self._idle_expired = False
         self._close_requested = False
+
+    # -- what the engine sees --------------------------------------------------
+
+    @property
+    def token(self) -> int | None:
+        """The lease's fencing token once activated."""
+        return self._lease.token
+
+    def lease_renewed(self, asked_at: float) -> None:
+        self._lease.renewed(asked_at)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -133,74 +145,49 @@ class SessionActor:
         stop_error: MemEngineError = EngineClosedError("the engine closed before answering")
         try:
             try:
-                snapshot = await self._acquire()
+                snapshot = await self._lease.acquire()
             except SessionBusyError as busy:
                 stop_error = busy
                 return
             except Exception as exc:
-                log.error("session %r could not be activated", self.session_id, exc_info=exc)
+                log.error("session %r could not be activated: %s", self.session_id, exc)
+                log.debug("session %r: activation failed", self.session_id, exc_info=exc)
                 stop_error = StoreError(f"session {self.session_id!r} could not be loaded: {exc}")
                 return
             async with anyio.create_task_group() as children:
-                children.start_soon(self._summarizer.run)
+                children.start_soon(self._child.run)
                 self._apply(snapshot)
                 await self._serve()
-                if self._lease_lost is not None:
-                    stop_error = self._lease_lost
+                if self._given_up is not None:
+                    stop_error = self._given_up
                 self._stop(stop_error)  # passivating: leave the registry before any await
                 children.cancel_scope.cancel()
-            if self._lease_lost is None:
-                await self._release()
+            if self._given_up is None:
+                await self._lease.release()
         finally:
             # Whatever ended the activation (passivation, shutdown, a bug), no
             # caller is left waiting on it.
             self._stop(stop_error)
 
-    async def _acquire(self) -> SessionSnapshot:
-        """Take the session's lease and load its state, waiting up to ``lease_wait`` for another owner."""
-        started = anyio.current_time()
-        pause = 0.02
-        while True:
-            attempt = anyio.current_time()
-            try:
-                self.token, snapshot = await self._store.activate(self.session_id, self._config.lease_ttl)
-            except SessionBusyError as busy:
-                waited = anyio.current_time() - started
-                left = self._config.lease_wait - waited
-                if left <= 0:
-                    raise SessionBusyError(self.session_id, busy.owner, busy.expires_in, waited) from None
-                await anyio.sleep(min(pause, left, max(busy.expires_in, 0.0) + 0.01))
-                pause = min(pause * 2, 0.5)
-                continue
-            self.lease_renewed(attempt)
-            return snapshot
-
-    def lease_renewed(self, asked_at: float) -> None:
-        """The store extended the lease at some moment after ``asked_at`` (this process's clock)."""
-        # A tenth of the ttl to spare: the two clocks may run at slightly different rates.
-        self._lease_valid_until = asked_at + self._config.lease_ttl * 0.9
-
-    async def _release(self) -> None:
-        assert self.token is not None
-        try:
-            await self._store.release_lease(self.session_id, self.token)
-        except Exception:
-            # Not fatal: the lease expires on its own (and this process may take it again at once).
-            log.exception("session %r: releasing its lease failed", self.session_id)
-
     def _give_up(self, error: BaseException) -> None:
-        """This activation may no longer hold the store's truth (a stale lease, an uncertain commit): stop.
+        """This activation may no longer hold the store's truth (a stale lease, a commit in doubt): stop.
 
-        Messages not yet handled go to a new activation, which loads the
-        session from the store (waiting for another owner's lease if need be).
+        Takes effect at once: the actor handles nothing more (a handler waiting
+        for an append hands its message on), and messages not yet handled go to
+        a new activation, which loads the session from the store.
         """
-        if self._lease_lost is None:
-            log.warning("session %r: %s; giving it up", self.session_id, error)
-            self._lease_lost = (
-                error
-                if isinstance(error, LeaseLostError)
-                else LeaseLostError(f"session {self.session_id!r}: this activation gave the session up ({error})")
-            )
+        if self._given_up is not None:
+            return
+        log.warning("session %r: %s; giving it up (it is loaded again for the next call)", self.session_id, error)
+        self._given_up = (
+            error
+            if isinstance(error, LeaseLostError)
+            else LeaseLostError(f"session {self.session_id!r}: this activation gave the session up ({error})")
+        )
+        try:
+            self.mailbox.put(LeaseLost(error))  # wakes the actor if it is idle
+        except MailboxClosed:
+            pass  # already stopped
 
     def _stop(self, error: MemEngineError) -> None:
         """Leave the engine's registry and fail whatever was never answered.
@@ -209,11 +196,11 @@ class SessionActor:
         can reach this activation after the decision. Calling it again does nothing.
         """
         self._on_stop(self)
-        unanswered = self.mailbox.close()
-        if self._lease_lost is not None and self._redeliver is not None:
+        unanswered: list[Any] = [*self._not_handled, *self._waiting.take_all(), *self.mailbox.close()]
+        self._not_handled = []
+        if self._given_up is not None and self._hand_on is not None:
             # Given up, not failed: what this activation never handled, a new one handles.
             unanswered = [message for message in unanswered if not self._handed_on(message)]
-            self._waiters = [(target, read) for target, read in self._waiters if not self._handed_on(read)]
         if self._handling is not None:  # cancelled mid-handler
             unanswered.append(self._handling)
             self._handling = None
@@ -221,63 +208,52 @@ class SessionActor:
             reply = getattr(message, "reply", None)
             if reply is not None:
                 reply.fail(error)
-        for _, waiting in self._waiters:
-            waiting.reply.fail(error)
-        self._waiters.clear()
 
     def _handed_on(self, message: SessionMessage) -> bool:
         """Give an unhandled client message to a new activation; False if that is not possible."""
-        if getattr(message, "reply", None) is None:
-            return True  # the actor's own bookkeeping: nothing to hand on
-        assert self._redeliver is not None
+        reply = getattr(message, "reply", None)
+        if reply is None or reply.abandoned:
+            return True  # the actor's own bookkeeping, or a caller that gave up: nothing to hand on
+        assert self._hand_on is not None
         try:
-            self._redeliver(self.session_id, message)  # type: ignore[arg-type]
+            self._hand_on(self.session_id, message)  # type: ignore[arg-type]
         except MemEngineError:
             return False  # the engine is closing: the caller gets the error
         return True
 
     async def _serve(self) -> None:
-        while True:
-            if self._retry_at is not None and anyio.current_time() >= self._retry_at:
-                self._retry_at = None
+        while self._given_up is None:
+            if self._summary.retry_at is not None and self._summary.retry_due(anyio.current_time()):
                 self._dispatch_summary()
             message = self.mailbox.take()
             if message is not None:
                 self._handling = message
                 await self._handle(message)
                 self._handling = None
-                if self._lease_lost is not None:
-                    return
             elif self._may_passivate():
-                if self._has_unretained():
+                if self._retain is not None and self._retain.has_unretained():
                     try:
-                        await self._flush_retain()  # a boundary: hand on the partial batch first
-                    except LeaseLostError as lost:
-                        self._give_up(lost)
-                        return
-                    except Exception:
+                        await self._retain.flush()  # a boundary: hand on the partial batch first
+                    except Exception as exc:
+                        if _means_reload(exc):
+                            self._give_up(exc)
+                            return
                         # Stay active and try again at the next idle period or close.
-                        log.exception("session %r: recording its retain batch failed", self.session_id)
+                        log.error("session %r: recording its retain batch failed (%s)", self.session_id, exc)
                         self._idle_expired = self._close_requested = False
                     continue  # messages may have arrived meanwhile
                 return  # no await since take(): nothing can have arrived
-            elif self._retry_at is None:
+            elif self._summary.retry_at is None:
                 await self.mailbox.wait_for_mail()
             else:
-                with anyio.CancelScope(deadline=self._retry_at):
+                with anyio.CancelScope(deadline=self._summary.retry_at):
                     await self.mailbox.wait_for_mail()
 
-    def _has_work_in_flight(self) -> bool:
-        return (
-            self._summary_in_flight
-            or self._retry_at is not None
-            or bool(self._waiters)
-            or self._append_in_flight
-            or self._retain_in_flight
-        )
-
     def _may_passivate(self) -> bool:
-        return (self._close_requested or self._idle_expired) and not self._has_work_in_flight()
+        if not (self._close_requested or self._idle_expired):
+            return False
+        retain_busy = self._retain is not None and self._retain.busy
+        return not (self._summary.busy or self._waiting or self._append_in_flight or retain_busy)
 
     # -- message handlers ----------------------------------------------------
 
@@ -312,22 +288,21 @@ class SessionActor:
                     await self._on_close(message)
                 case _:
                     _unhandled(message)
+        except _HandOn:
+            self._not_handled.append(message)
         except Exception as exc:
-            # The operation failed and the store rolled it back: tell its caller.
-            self._fail(message, exc)
-            if isinstance(exc, LeaseLostError):
+            # The operation failed (the store rolled it back, or its outcome is in doubt): tell its caller.
+            if _means_reload(exc):
                 self._give_up(exc)
+            self._fail(message, exc)
 
     async def _on_add(self, message: AddEpisodes) -> None:
         # The handler does not wait for the commit, so the actor goes on with
         # its mailbox; a second append waits for the first, whose seqs it follows.
-        while self._append_in_flight:
-            if self._append_settled is None:
-                self._append_settled = anyio.Event()
-            await self._append_settled.wait()
+        await self._settle_append()
         self._store.submit_append(
             self.session_id,
-            self._token(),
+            self._lease.current(),
             self._last_seq + 1,
             message.episodes,
             functools.partial(self._appended, message),
@@ -346,43 +321,41 @@ class SessionActor:
         if settled is not None:
             settled.set()
         if error is not None or results is None:
+            if _means_reload(error):
+                # Either way this activation's state may no longer be the store's: let it go,
+                # before a handler waiting for this append runs on it.
+                self._give_up(error)  # type: ignore[arg-type]
             self._fail(message, error or StoreError("the append was not stored"))
-            if isinstance(error, LeaseLostError | UncertainCommitError):
-                # Either way this activation's state may no longer be the store's: let it go.
-                self._lost_meanwhile(error)
             return
-        # Stored: answer first (nothing below may leave the caller waiting).
-        self._answer(message, tuple(episode for episode, _ in results))
         new = [episode for episode, is_new in results if is_new]
         if new:
             self._window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
             self._dispatch_summary()
-            self._retain_if_due()
+            if self._retain is not None:
+                self._retain.if_due()
+        self._answer(message, tuple(episode for episode, _ in results))
 
     async def _on_read(self, message: ReadContext) -> None:
-        if anyio.current_time() >= self._lease_valid_until:
-            # Memory may be stale if another process took the session over: renew first.
-            asked_at = anyio.current_time()
-            if self.session_id not in await self._store.renew_leases(
-                [(self.session_id, self._token())], self._config.lease_ttl
-            ):
-                raise LeaseLostError(f"session {self.session_id!r}: this process's lease expired or was taken over")
-            self.lease_renewed(asked_at)
+        if message.reply.abandoned:
+            return  # the caller gave up before its turn: a read changes nothing
+        await self._lease.ensure_valid()  # memory may be stale if another process took the session over
         evicted_through = self._window.evicted_through
         if message.wait_for_summary and evicted_through is not None:
-            self._waiters.append((evicted_through, message))
+            self._waiting.add(message, evicted_through)
         else:
             self._answer(message, self._context())
 
     async def _on_delete(self, message: DeleteEpisodes) -> None:
-        deleted, snapshot = await self._store.delete_episodes(self.session_id, self._token(), message.seqs)
+        await self._settle_append()
+        deleted, snapshot = await self._store.delete_episodes(self.session_id, self._lease.current(), message.seqs)
         if deleted:
             self._apply(snapshot)
         self._answer(message, deleted)
 
     async def _on_clear(self, message: ClearSession) -> None:
-        self._apply(await self._store.clear_session(self.session_id, self._token()))
+        await self._settle_append()
+        self._apply(await self._store.clear_session(self.session_id, self._lease.current()))
         self._answer(message, None)
 
     async def _on_close(self, message: CloseSession) -> None:
@@ -390,56 +363,11 @@ class SessionActor:
         # boundary: the partial retain batch goes to the outbox (not to the
         # sink: close never waits for it). Once the summarizer is idle, the
         # activation can go, its state being durable.
-        if self._has_unretained():
-            await self._flush_retain()
+        await self._settle_append()
+        if self._retain is not None and self._retain.has_unretained():
+            await self._retain.flush()
         self._close_requested = True
         self._answer(message, None)
-
-    # -- retain ----------------------------------------------------------------
-
-    def _has_unretained(self) -> bool:
-        return self._retain is not None and self._last_seq > self._retained_through
-
-    def _retain_if_due(self) -> None:
-        """Every ``retain_every`` new episodes, record a batch in the outbox (not awaited)."""
-        plan = self._retain
-        if plan is None or self._retain_in_flight or self._last_seq - self._retained_through < plan.every:
-            return
-        # Exactly retain_every episodes per batch; the completion checks for the next ones.
-        self._store.submit_retain(
-            self.session_id, self._token(), plan.mode, self._last_seq, plan.every, self._retain_recorded
-        )
-        self._retain_in_flight = True
-
-    def _retain_recorded(self, retained_through: int | None, error: BaseException | None) -> None:
-        """Completion of :meth:`_retain_if_due`, run by the store right after its commit."""
-        self._retain_in_flight = False
-        settled, self._retain_settled = self._retain_settled, None
-        if settled is not None:
-            settled.set()
-        if isinstance(error, LeaseLostError):
-            self._lost_meanwhile(error)
-            return
-        if error is not None or retained_through is None:
-            log.error("session %r: recording a retain batch failed; it is retried", self.session_id, exc_info=error)
-            return
-        self._retained_through = retained_through
-        self._retain.delivery.notify()  # type: ignore[union-attr]
-        self._retain_if_due()
-
-    async def _flush_retain(self) -> None:
-        plan = self._retain
-        assert plan is not None
-        while self._retain_in_flight:  # one outbox write of this session at a time
-            if self._retain_settled is None:
-                self._retain_settled = anyio.Event()
-            await self._retain_settled.wait()
-        self._retain_in_flight = True
-        try:
-            self._retained_through = await self._store.enqueue_retain(self.session_id, self._token(), plan.mode)
-        finally:
-            self._retain_in_flight = False
-        plan.delivery.notify()
 
     def _on_tick(self, message: Tick) -> None:
         after = self._config.passivate_after
@@ -450,77 +378,66 @@ class SessionActor:
             self._idle_expired = True
 
     def _on_summary_stored(self, message: SummaryStored) -> None:
-        if message.generation != self._generation:
-            return  # computed before a clear/delete; the store refused it too
-        self._summary_in_flight = False
-        if not message.stored:
-            # Same generation yet refused: another writer changed the session.
-            self._schedule_retry()
-            return
-        self._window.drop_through(message.through_seq)
-        self._summary = message.summary
-        self._summarized_through = message.through_seq
-        self._answer_waiters()
+        if self._summary.stored(message, self._window, anyio.current_time()):
+            self._answer_waiting_reads()
         self._dispatch_summary()
 
     def _on_summary_failed(self, message: SummaryFailed) -> None:
-        if isinstance(message.error, LeaseLostError):
+        if _means_reload(message.error):
             self._give_up(message.error)
             return
-        if message.generation != self._generation:
+        if not self._summary.failed(message, anyio.current_time()):
             return
-        self._summary_in_flight = False
-        self._schedule_retry()
+        # The reads waiting now wait for these episodes: tell them, rather than keep them waiting.
+        if isinstance(message.error, StoreError):
+            what = f"storing the summary of the episodes up to seq {message.through_seq} failed"
+        else:
+            attempts = f"{message.attempts} attempt{'s' if message.attempts != 1 else ''}"
+            what = f"summarizing the episodes up to seq {message.through_seq} failed after {attempts}"
+        error = SummaryError(
+            f"session {self.session_id!r}: {what} ({_one_line(message.error)}); they stay pending, shown raw, "
+            f"and are tried again in {self._config.summarize_retry_later:g} s"
+        )
+        for read in self._waiting.take_all():
+            self._fail(read, error)
 
     # -- state ---------------------------------------------------------------
 
     def _apply(self, snapshot: SessionSnapshot) -> None:
         """Adopt the store's view (after activation, clear or delete)."""
-        self._summarizer.abandon_before(snapshot.generation)
-        self._generation = snapshot.generation
+        self._summary.adopt(snapshot)
         self._last_seq = snapshot.last_seq
-        self._summary = snapshot.summary
-        self._summarized_through = snapshot.summarized_through
         self._window.reset(snapshot.episodes)
-        self._retained_through = snapshot.retained_through
-        self._summary_in_flight = False
-        self._retry_at = None
+        if self._retain is not None:
+            self._retain.adopt(snapshot.retained_through)
         self._dispatch_summary()
-        self._answer_waiters()
+        self._answer_waiting_reads()
+
+    def _acknowledged_seq(self) -> int:
+        return self._last_seq
+
+    async def _settle_append(self) -> None:
+        """Wait for this session's append in flight; hand the message on if the session was given up meanwhile."""
+        while self._append_in_flight:
+            if self._append_settled is None:
+                self._append_settled = anyio.Event()
+            await self._append_settled.wait()
+        if self._given_up is not None:
+            raise _HandOn
 
     def _dispatch_summary(self) -> None:
-        if not self._window.evicted or self._summary_in_flight or self._retry_at is not None:
-            return
-        batch = tuple(self._window.pending[: self._config.summarize_batch_max])
-        self._summarizer.submit(SummarizeBatch(self._generation, self._summary, batch, self._token()))
-        self._summary_in_flight = True
+        self._summary.dispatch(self._window, self._lease.current())
 
-    def _token(self) -> int:
-        assert self.token is not None, "a session writes only once activated"
-        return self.token
-
-    def _lost_meanwhile(self, error: MemEngineError) -> None:
-        """A write submitted earlier was refused (or its commit is in doubt): wake the actor to give the session up."""
-        try:
-            self.mailbox.put(LeaseLost(error))
-        except MailboxClosed:
-            pass  # already stopped
-
-    def _schedule_retry(self) -> None:
-        self._retry_at = anyio.current_time() + self._config.summarize_retry_later
-
-    def _answer_waiters(self) -> None:
-        if not self._waiters:
+    def _answer_waiting_reads(self) -> None:
+        if not self._waiting:
             return
         first_pending = self._window.raw[0].seq if self._window.evicted else math.inf
-        still_waiting = []
-        for target, waiting in self._waiters:
-            if first_pending > target:  # type: ignore[operator]
-                self._answer(waiting, self._context())
-                self._active_since_tick = True  # answering a client is activity
-            else:
-                still_waiting.append((target, waiting))
-        self._waiters = still_waiting
+        ready = self._waiting.ready(first_pending)  # type: ignore[arg-type]
+        if ready:
+            context = self._context()
+            for read in ready:
+                self._answer(read, context)
+            self._active_since_tick = True  # answering a client is activity
 
     def _answer(self, message: ClientMessage, value: Any) -> None:
         message.reply.set(value)
@@ -536,11 +453,15 @@ class SessionActor:
         evicted_through = self._window.evicted_through
         return Context(
             session_id=self.session_id,
-            summary=self._summary,
-            summarized_through=self._summarized_through,
+            summary=self._summary.text,
+            summarized_through=self._summary.through,
             episodes=tuple(self._window.raw),
-            evicted_through=self._summarized_through if evicted_through is None else evicted_through,
+            evicted_through=self._summary.through if evicted_through is None else evicted_through,
         )
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(repr(error).split())
 
 
 def _unhandled(message: object) -> NoReturn:

@@ -105,7 +105,7 @@ class Session:
         await anyio.lowlevel.checkpoint_if_cancelled()
         reply: Reply[None] = Reply()
         try:
-            self._engine._deliver(self._id, CloseSession(reply))
+            await self._engine._send(self._id, CloseSession(reply))
         except EngineClosedError:
             return
         try:
@@ -122,7 +122,7 @@ class Session:
             return nothing_to_do
         await anyio.lowlevel.checkpoint_if_cancelled()
         reply: Reply[T] = Reply()
-        self._engine._deliver(self._id, message(reply))
+        await self._engine._send(self._id, message(reply))  # waits only while the session's mailbox is full
         return await reply.wait()
 
 

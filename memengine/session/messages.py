@@ -55,11 +55,12 @@ class SummaryStored:
 
 @attrs.frozen(eq=False)
 class SummaryFailed:
-    """The child gave up on a batch for now; its episodes stay pending."""
+    """The child gave up on a batch for now (after ``attempts`` summarizer calls); its episodes stay pending."""
 
     generation: int
     through_seq: int
     error: BaseException
+    attempts: int = 1
 
 
 @attrs.frozen(eq=False)

@@ -12,6 +12,7 @@ cancel a summary.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 
@@ -22,7 +23,7 @@ import tenacity
 from ..actor.mailbox import Mailbox
 from ..config import SessionConfig
 from ..episode import Episode
-from ..errors import LeaseLostError, SummaryError
+from ..errors import LeaseLostError, SummaryError, UncertainCommitError
 from ..retrying import backoff_retrying
 from ..session.messages import SummaryFailed, SummaryStored
 from ..store.base import Store
@@ -101,42 +102,75 @@ class SummarizerActor:
                 self._acknowledge(outcome)
 
     async def _summarize_and_store(self, batch: SummarizeBatch) -> SummaryStored | SummaryFailed:
+        attempts = 0
         try:
-            async with self._limiter:
-                summary = await self._summarize_with_retries(batch)
+            async for attempt in self._retrying:
+                with attempt:
+                    attempts += 1
+                    async with self._limiter:  # a slot per call: none is held through a backoff sleep
+                        summary = await self._summarize(batch)
             stored = await self._store.store_summary(
                 self._session_id, batch.token, batch.generation, batch.through_seq, summary
             )
-        except LeaseLostError as exc:
-            # Not a failure to retry: another process owns the session now, and the session gives it up.
+        except (LeaseLostError, UncertainCommitError) as exc:
+            # Not a failure to retry: the session reloads (another process may own it now).
             log.warning("session %r: summary up to seq %d not stored: %s", self._session_id, batch.through_seq, exc)
-            return SummaryFailed(batch.generation, batch.through_seq, exc)
+            return SummaryFailed(batch.generation, batch.through_seq, exc, attempts)
         except Exception as exc:
             log.error(
-                "session %r: summarizing episodes up to seq %d failed; they stay pending and are retried in %ss",
+                "session %r: summarizing episodes up to seq %d failed after %d attempt(s): %s; "
+                "they stay pending and are retried in %ss",
                 self._session_id,
                 batch.through_seq,
+                attempts,
+                _one_line(exc),
                 self._config.summarize_retry_later,
-                exc_info=exc,
             )
-            return SummaryFailed(batch.generation, batch.through_seq, exc)
+            log.debug("session %r: the last summarizer failure", self._session_id, exc_info=exc)
+            return SummaryFailed(batch.generation, batch.through_seq, exc, attempts)
         return SummaryStored(batch.generation, batch.through_seq, summary, stored)
 
-    async def _summarize_with_retries(self, batch: SummarizeBatch) -> str:
-        async for attempt in self._retrying:
-            with attempt:
-                with anyio.fail_after(self._config.summarize_timeout):
-                    summary = await self._summarizer.summarize(batch.previous, batch.episodes)
-                if not isinstance(summary, str) or not summary.strip():
-                    raise SummaryError(f"the summarizer returned {summary!r}, not a non-empty string")
-        return summary
+    async def _summarize(self, batch: SummarizeBatch) -> str:
+        """One summarizer call, bounded by ``summarize_timeout``; its answer made storable, or SummaryError."""
+        with anyio.fail_after(self._config.summarize_timeout):
+            pending = self._summarizer.summarize(batch.previous, batch.episodes)
+            if not inspect.isawaitable(pending):
+                raise SummaryError(
+                    f"summarize() returned {type(pending).__name__}, not an awaitable: make it `async def summarize`"
+                )
+            summary = await pending
+        if not isinstance(summary, str) or not storable(summary).strip():
+            raise SummaryError(f"the summarizer returned {summary!r}, not a non-empty string")
+        return storable(summary)
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
         log.warning(
-            "session %r: summarizer attempt %d failed (%r); retrying in %.2fs",
+            "session %r: summarizer attempt %d failed (%s); retrying in %.2fs",
             self._session_id,
             state.attempt_number,
-            outcome.exception() if outcome is not None else None,
+            _one_line(error),
             state.upcoming_sleep,
         )
+        log.debug("session %r: summarizer attempt %d failed", self._session_id, state.attempt_number, exc_info=error)
+
+
+def storable(summary: str) -> str:
+    """The summary as every store can hold it: no NUL (PostgreSQL text refuses it), no lone surrogates (not UTF-8).
+
+    A model that emits such characters has still summarized; they are cleaned
+    (NUL dropped, a surrogate replaced by U+FFFD) rather than failing the
+    batch, which would then be retried for ever.
+    """
+    if "\x00" in summary:
+        summary = summary.replace("\x00", "")
+    try:
+        summary.encode("utf-8")
+    except UnicodeEncodeError:
+        summary = "".join("\ufffd" if 0xD800 <= ord(char) <= 0xDFFF else char for char in summary)
+    return summary
+
+
+def _one_line(error: BaseException | None) -> str:
+    return " ".join(repr(error).split())

@@ -1,0 +1,81 @@
+"""The session's lease, as one activation holds it: taken on activation, renewed, checked before reads.
+
+Across processes a session is leased (see store/leases.py): the activation
+takes the lease when it starts, waiting up to ``lease_wait`` for another
+owner; every write carries the lease's fencing token; the engine renews every
+active lease every third of ``lease_ttl``. Reads are answered from memory only
+while the lease is known to be valid by this process's clock; otherwise it is
+renewed first, or the session is given up.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import anyio
+
+from ..config import SessionConfig
+from ..errors import LeaseLostError, SessionBusyError
+from ..store.base import SessionSnapshot, Store
+
+log = logging.getLogger("memengine.session")
+
+
+class SessionLease:
+    def __init__(self, session_id: str, store: Store, config: SessionConfig) -> None:
+        self._session_id = session_id
+        self._store = store
+        self._config = config
+        #: The fencing token once the lease is taken.
+        self.token: int | None = None
+        self._valid_until = -math.inf  # by this process's clock, the lease is surely ours until then
+
+    async def acquire(self) -> SessionSnapshot:
+        """Take the lease and load the session's state, waiting up to ``lease_wait`` for another owner."""
+        started = anyio.current_time()
+        pause = 0.02
+        while True:
+            attempt = anyio.current_time()
+            try:
+                self.token, snapshot = await self._store.activate(self._session_id, self._config.lease_ttl)
+            except SessionBusyError as busy:
+                waited = anyio.current_time() - started
+                left = self._config.lease_wait - waited
+                if left <= 0:
+                    raise SessionBusyError(self._session_id, busy.owner, busy.expires_in, waited) from None
+                await anyio.sleep(min(pause, left, max(busy.expires_in, 0.0) + 0.01))
+                pause = min(pause * 2, 0.5)
+                continue
+            self.renewed(attempt)
+            return snapshot
+
+    def renewed(self, asked_at: float) -> None:
+        """The store extended the lease at some moment after ``asked_at`` (this process's clock)."""
+        # A tenth of the ttl to spare: the two clocks may run at slightly different rates.
+        self._valid_until = asked_at + self._config.lease_ttl * 0.9
+
+    async def ensure_valid(self) -> None:
+        """Renew the lease if it may have lapsed; :class:`LeaseLostError` if another process has it now."""
+        if anyio.current_time() < self._valid_until:
+            return
+        asked_at = anyio.current_time()
+        if self._session_id not in await self._store.renew_leases(
+            [(self._session_id, self.current())], self._config.lease_ttl
+        ):
+            raise LeaseLostError(f"session {self._session_id!r}: this process's lease expired or was taken over")
+        self.renewed(asked_at)
+
+    def current(self) -> int:
+        """The fencing token every write of this activation carries."""
+        assert self.token is not None, "a session writes only once activated"
+        return self.token
+
+    async def release(self) -> None:
+        """Give the session up in the store (passivation); a failure only means it expires on its own."""
+        if self.token is None:
+            return
+        try:
+            await self._store.release_lease(self._session_id, self.token)
+        except Exception as exc:
+            log.warning("session %r: releasing its lease failed (%s); it expires on its own", self._session_id, exc)

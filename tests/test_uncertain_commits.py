@@ -1,0 +1,157 @@
+"""A commit in doubt makes the session reload from the store before its next operation, for every write.
+
+When the connection goes while committing, the store cannot know whether the
+transaction landed: it raises :class:`UncertainCommitError`. The session's
+memory may then disagree with the store, so the activation gives the session
+up, and the next call loads it again. These tests make a COMMIT land and then
+fail (as a connection lost right after the server committed) below the store,
+and check what users see afterwards: no deleted text readable, no spurious
+"seq already taken", waiting reads answered, the session passivating.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Any
+
+import anyio
+import pytest
+
+from memengine import Episode, SessionConfig, UncertainCommitError, open_engine
+
+from .conftest import StoredRows
+from .fakes import GatedSummarizer, RecordingSummarizer, covered, turns
+
+pytestmark = pytest.mark.anyio
+
+GUARD = 10
+
+
+class CommitThenLoseConnection:
+    """The store's connection: when armed, the next COMMIT lands, then "the connection is lost"."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._conn = store._conn
+        self._armed = threading.Event()
+        self._held: threading.Event | None = None
+        self.lost = 0
+        store._conn = self
+        store._connection_lost = self._connection_lost
+
+    def arm(self, *, hold: bool = False) -> None:
+        """The next COMMIT is lost after landing; with ``hold``, it first waits for :meth:`release`."""
+        self._held = threading.Event() if hold else None
+        self._armed.set()
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.set()
+
+    def _connection_lost(self) -> bool:
+        return self.lost > 0
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        if sql.strip() == "COMMIT" and self._armed.is_set():
+            self._armed.clear()
+            if self._held is not None:
+                self._held.wait(GUARD)
+            self._conn.execute(sql, parameters)  # committed...
+            self.lost += 1
+            raise sqlite3.OperationalError("connection lost (injected, after the commit)")  # ...but who knows
+        return self._conn.execute(sql, parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+async def wait_until_passivated(engine, session_id: str) -> None:
+    with anyio.fail_after(GUARD):
+        while engine.is_active(session_id):  # noqa: ASYNC110 - polling the engine's registry
+            await anyio.sleep(0.01)
+
+
+async def test_a_clear_in_doubt_never_leaves_the_cleared_text_readable(db_path, stored: StoredRows) -> None:
+    config = SessionConfig(max_episodes=2, passivate_after=0.05)
+    async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "my password is hunter2"), *turns(3)])
+        await session.context(wait_for_summary=True)
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm()
+        with pytest.raises(UncertainCommitError):
+            await session.clear()
+        assert commits.lost == 1 and stored.episodes("s") == []
+        context = await session.context()  # reloaded from the store
+        assert context.summary is None and context.episodes == ()
+        with anyio.fail_after(GUARD):
+            assert (await session.context(wait_for_summary=True)).episodes == ()
+        await session.add([Episode("user", "after the clear")])
+        assert [e.content for e in (await session.context()).episodes] == ["after the clear"]
+        await wait_until_passivated(engine, "s")
+    assert [content for _, content in stored.episodes("s")] == ["after the clear"]
+    assert stored.summaries("s") == []
+
+
+async def test_a_delete_in_doubt_shows_what_the_store_holds(db_path, stored: StoredRows) -> None:
+    config = SessionConfig(max_episodes=2, passivate_after=None)
+    async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "my password is hunter2"), *turns(4)])
+        await session.context(wait_for_summary=True)
+        CommitThenLoseConnection(engine.store).arm()
+        with pytest.raises(UncertainCommitError):
+            await session.delete_episodes([1])
+        with anyio.fail_after(GUARD):
+            context = await session.context(wait_for_summary=True)
+        assert "my password is hunter2" not in covered(context.summary) + [e.content for e in context.episodes]
+        assert covered(context.summary) + [e.content for e in context.episodes] == [f"turn {i}" for i in range(1, 5)]
+    assert all("hunter2" not in summary for _, summary in stored.summaries("s"))
+
+
+async def test_an_add_waiting_behind_an_add_in_doubt_gets_the_next_seq(db_path, stored: StoredRows) -> None:
+    config = SessionConfig(passivate_after=None)
+    async with open_engine(db_path, config=config) as engine:
+        session = engine.session("s")
+        await session.add(turns(2))
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm(hold=True)
+        outcomes: dict[str, object] = {}
+
+        async def add(name: str) -> None:
+            try:
+                outcomes[name] = [e.seq for e in await session.add([Episode("user", name, id=name)])]
+            except Exception as exc:
+                outcomes[name] = exc
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(add, "first")  # its commit is held, then lands, then is reported in doubt
+            await anyio.wait_all_tasks_blocked()
+            tasks.start_soon(add, "second")  # handled while the first is in flight: waits for it
+            await anyio.wait_all_tasks_blocked()
+            commits.release()
+        assert isinstance(outcomes["first"], UncertainCommitError)
+        assert outcomes["second"] == [4]  # after the first, which did land: no "seq 3 is already taken"
+        (retried,) = await session.add([Episode("user", "first", id="first")])  # the retry finds it stored
+        assert retried.seq == 3
+    assert [content for _, content in stored.episodes("s")] == ["turn 1", "turn 2", "first", "second"]
+
+
+async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(db_path, stored: StoredRows) -> None:
+    summarizer = GatedSummarizer()
+    config = SessionConfig(max_episodes=2, passivate_after=None)
+    async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
+        session = engine.session("s")
+        await session.add(turns(3))
+        await summarizer.wait_until_called()
+        CommitThenLoseConnection(engine.store).arm()
+        summarizer.release()
+        with anyio.fail_after(GUARD):
+            context = await session.context(wait_for_summary=True)
+        assert covered(context.summary) + [e.content for e in context.episodes] == [f"turn {i}" for i in (1, 2, 3)]
+        await session.add(turns(1, start=4))
+        with anyio.fail_after(GUARD):
+            context = await session.context(wait_for_summary=True)
+        assert covered(context.summary) == ["turn 1", "turn 2"]
+    assert stored.summaries("s")[-1] == (2, "turn 1|turn 2")
