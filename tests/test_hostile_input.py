@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
+import random
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
@@ -43,7 +45,7 @@ from hypothesis import strategies as st
 from memengine import Engine, Episode, SessionConfig, open_engine
 from memengine.engine import MAX_SESSION_ID_CHARS
 
-from .conftest import StoredRows
+from .conftest import StoredRows, StoreRows
 
 SOAK = int(os.environ.get("MEMENGINE_SOAK", "1"))
 if SOAK < 1:
@@ -660,3 +662,74 @@ async def test_created_at_with_a_sub_second_offset_comes_back_exactly(db_path: P
     async with open_engine(db_path) as engine:
         (restored,) = (await engine.session("s").context()).episodes
     assert (restored.created_at, restored.created_at.utcoffset()) == (created_at, created_at.utcoffset())
+
+
+# -- the hardening issue's cases, on both stores ------------------------------------------
+
+
+def four_byte_text(length: int, seed: int) -> str:
+    """``length`` random 4-byte characters: text PostgreSQL cannot compress inside an index entry."""
+    rng = random.Random(seed)
+    return "".join(chr(rng.randrange(0x10000, 0x110000)) for _ in range(length))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("field", ["role", "id"])
+async def test_a_huge_role_or_id_is_refused_and_nothing_is_stored(store_url: str, field: str) -> None:
+    huge = "r" * 5_000_000
+    async with open_engine(store_url) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "kept")])
+        with pytest.raises(ValueError, match=rf"Episode\.{field}"):
+            await session.add([Episode(huge, "x") if field == "role" else Episode("user", "x", id=huge)])
+        assert [e.content for e in (await session.context()).episodes] == ["kept"]
+    assert StoreRows(store_url).query("SELECT seq, content FROM episodes") == [(1, "kept")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("field", ["role", "content", "id", "session id", "owner"])
+async def test_nul_is_refused_in_every_text_field_on_every_store(
+    store_url: str, field: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite could store NUL and PostgreSQL cannot: both refuse it, before anything is stored."""
+    with_nul = "a\x00b"
+    if field == "owner":
+        with pytest.raises(ValueError, match=r"owner.*NUL"):
+            async with open_engine(store_url, owner=with_nul):
+                pass
+        return
+    async with open_engine(store_url) as engine:
+        await engine.session("s").add([Episode("user", "kept")])
+        with pytest.raises(ValueError, match=rf"{field}.*NUL"):
+            if field == "session id":
+                await engine.session(with_nul).add([Episode("user", "x")])
+            else:
+                fields = {"role": "user", "content": "x", "id": "e1", field: with_nul}
+                await engine.session("s").add([Episode(fields["role"], fields["content"], id=fields["id"])])
+    assert StoreRows(store_url).query("SELECT session_id, content FROM episodes") == [("s", "kept")]
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+@pytest.mark.anyio
+async def test_an_id_of_1024_four_byte_characters_is_refused_not_failed_in_the_store(store_url: str) -> None:
+    """4,096 bytes of UTF-8 exceed PostgreSQL's btree entry limit: a ValueError, on both stores alike."""
+    too_long = four_byte_text(1024, seed=1)
+    async with open_engine(store_url) as engine:
+        with pytest.raises(ValueError, match=r"Episode\.id"):
+            await engine.session("s").add([Episode("user", "x", id=too_long)])
+        with pytest.raises(ValueError, match="session id"):
+            await engine.session(too_long).add([Episode("user", "x")])
+    assert StoreRows(store_url).query("SELECT count(*) FROM episodes") == [(0,)]
+
+
+@pytest.mark.anyio
+async def test_seqs_and_recall_limits_beyond_64_bits_are_refused_with_a_value_error(store_url: str) -> None:
+    async with open_engine(store_url) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "kept")])
+        with pytest.raises(ValueError, match="seq"):
+            await session.delete_episodes([1, 2**63])
+        with pytest.raises(ValueError, match="limit"):
+            await engine.recall("kept", limit=2**63)
+        assert [hit.episode.content for hit in await engine.recall("kept")] == ["kept"]
+    assert StoreRows(store_url).query("SELECT seq, content FROM episodes") == [(1, "kept")]
