@@ -5,8 +5,9 @@ back exactly (add's return value, context(), the rows in the database file, and
 a new engine reopened on that file all agree with what went in), OR it is
 refused with a plain ``ValueError``/``TypeError`` that says what is wrong, and
 nothing of that add call is in the database. Which of the two happens is
-checked against the documented rules (non-blank valid Unicode text, aware
-datetimes, JSON metadata with str keys, ``SessionConfig`` size limits).
+checked against the documented rules (non-blank valid Unicode text without
+NUL, aware datetimes, JSON metadata with str keys, ``SessionConfig`` size
+limits, the limits of ``memengine.limits``).
 
 Hypothesis drives the examples synchronously. Each test runs one event loop in
 a blocking portal (once on asyncio, once on trio) and one engine for all its
@@ -43,7 +44,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memengine import Engine, Episode, SessionConfig, open_engine
-from memengine.engine import MAX_SESSION_ID_CHARS
+from memengine.limits import (
+    MAX_EPISODE_ID_BYTES,
+    MAX_OWNER_BYTES,
+    MAX_RECALL_LIMIT,
+    MAX_ROLE_CHARS,
+    MAX_SEQ,
+    MAX_SESSION_ID_BYTES,
+)
 
 from .conftest import StoredRows, StoreRows
 
@@ -176,7 +184,19 @@ def encodable(text: str) -> bool:
 
 
 def text_ok(value: object) -> bool:
-    return isinstance(value, str) and bool(value.strip()) and encodable(value)
+    return isinstance(value, str) and bool(value.strip()) and "\x00" not in value and encodable(value)
+
+
+def utf8_size(value: str) -> int:
+    return len(value.encode("utf-8"))
+
+
+def role_ok(value: object) -> bool:
+    return text_ok(value) and len(value) <= MAX_ROLE_CHARS  # type: ignore[arg-type]
+
+
+def id_ok(value: object) -> bool:
+    return text_ok(value) and utf8_size(value) <= MAX_EPISODE_ID_BYTES  # type: ignore[arg-type]
 
 
 def content_ok(value: object) -> bool:
@@ -188,7 +208,7 @@ def created_at_ok(value: object) -> bool:
 
 
 def seq_ok(value: object) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SEQ)
 
 
 def metadata_ok(value: object) -> bool:
@@ -202,11 +222,11 @@ def metadata_ok(value: object) -> bool:
 
 
 def session_id_ok(value: object) -> bool:
-    return text_ok(value) and len(value) <= MAX_SESSION_ID_CHARS  # type: ignore[arg-type]
+    return text_ok(value) and utf8_size(value) <= MAX_SESSION_ID_BYTES  # type: ignore[arg-type]
 
 
 DEFAULT = object()  # the field is left out: the Episode's own default applies
-CHECKS = {"role": text_ok, "content": content_ok, "id": text_ok, "created_at": created_at_ok, "seq": seq_ok}
+CHECKS = {"role": role_ok, "content": content_ok, "id": id_ok, "created_at": created_at_ok, "seq": seq_ok}
 
 
 def spec_ok(spec: dict[str, Any]) -> bool:
@@ -266,6 +286,22 @@ def text_of_length(lengths: st.SearchStrategy[int]) -> st.SearchStrategy[str]:
     return st.builds(_repeat, st.text(characters, min_size=1, max_size=3), lengths)
 
 
+def _of_bytes(unit: str, size: int) -> str:
+    """``unit`` repeated while it fits in ``size`` bytes of UTF-8 (a surrogate counted as 3)."""
+    text, used = [], 0
+    for character in itertools.cycle(unit):
+        width = len(character.encode("utf-8", "surrogatepass"))
+        if used + width > size:
+            return "".join(text)
+        text.append(character)
+        used += width
+    raise AssertionError("unreachable")
+
+
+def text_of_bytes(sizes: st.SearchStrategy[int]) -> st.SearchStrategy[str]:
+    return st.builds(_of_bytes, st.text(characters, min_size=1, max_size=3), sizes)
+
+
 long_text = st.one_of(
     text_of_length(st.integers(CONTENT_LIMIT - 2, CONTENT_LIMIT + 2)),  # right at the limit
     text_of_length(st.integers(CONTENT_LIMIT * 3, CONTENT_LIMIT * 30)),  # far beyond it
@@ -282,9 +318,21 @@ wrong_types = st.one_of(
     st.builds(object),
 )
 
-roles = st.one_of(st.sampled_from(["user", "assistant", "system", "tool"]), short_text, long_text, wrong_types)
+roles = st.one_of(
+    st.sampled_from(["user", "assistant", "system", "tool"]),
+    short_text,
+    text_of_length(st.integers(MAX_ROLE_CHARS - 2, MAX_ROLE_CHARS + 2)),
+    long_text,
+    wrong_types,
+)
 contents = st.one_of(short_text, long_text, wrong_types)
-ids = st.one_of(st.just(DEFAULT), short_text, long_text, wrong_types)
+ids = st.one_of(
+    st.just(DEFAULT),
+    short_text,
+    text_of_bytes(st.integers(MAX_EPISODE_ID_BYTES - 4, MAX_EPISODE_ID_BYTES + 4)),
+    long_text,
+    wrong_types,
+)
 
 
 class NoOffset(tzinfo):
@@ -318,7 +366,15 @@ created_ats = st.one_of(
     st.integers(),
     st.floats(),
 )
-seqs = st.one_of(st.just(DEFAULT), st.none(), st.integers(-2, 2**70), st.booleans(), st.floats(), st.text(max_size=2))
+seqs = st.one_of(
+    st.just(DEFAULT),
+    st.none(),
+    st.integers(-2, 2**70),
+    st.integers(MAX_SEQ - 2, MAX_SEQ + 2),
+    st.booleans(),
+    st.floats(),
+    st.text(max_size=2),
+)
 
 json_leaves = st.one_of(
     st.none(),
@@ -405,7 +461,8 @@ session_ids = st.one_of(
     st.sampled_from(
         ["s", "alice/chat-1", " s", "s ", "S", "\x00", "a\x00b", "e\u0301", "\u00e9", "'; DROP TABLE x; --"]
     ),
-    text_of_length(st.integers(MAX_SESSION_ID_CHARS - 2, MAX_SESSION_ID_CHARS + 2)),
+    text_of_bytes(st.integers(MAX_SESSION_ID_BYTES - 4, MAX_SESSION_ID_BYTES + 4)),
+    st.integers(MAX_SESSION_ID_BYTES - 2, MAX_SESSION_ID_BYTES + 2).map(lambda length: "s" * length),
     wrong_types,
 )
 
@@ -733,3 +790,62 @@ async def test_seqs_and_recall_limits_beyond_64_bits_are_refused_with_a_value_er
             await engine.recall("kept", limit=2**63)
         assert [hit.episode.content for hit in await engine.recall("kept")] == ["kept"]
     assert StoreRows(store_url).query("SELECT seq, content FROM episodes") == [(1, "kept")]
+
+
+@pytest.mark.anyio
+async def test_names_of_four_byte_characters_at_their_limit_are_stored_and_one_more_is_refused(
+    store_url: str,
+) -> None:
+    """Both names at their byte limits in one row: the largest entry of PostgreSQL's (id, session_id) index."""
+    session_id = four_byte_text(MAX_SESSION_ID_BYTES // 4, seed=2)
+    episode_id = four_byte_text(MAX_EPISODE_ID_BYTES // 4, seed=3)
+    role = four_byte_text(MAX_ROLE_CHARS, seed=4)
+    async with open_engine(store_url, owner=four_byte_text(MAX_OWNER_BYTES // 4, seed=5)) as engine:
+        session = engine.session(session_id)
+        (stored,) = await session.add([Episode(role, "at every limit", id=episode_id)])
+        assert (stored.seq, stored.id, stored.role) == (1, episode_id, role)
+        with pytest.raises(ValueError, match=f"session id is at most {MAX_SESSION_ID_BYTES} bytes"):
+            engine.session(session_id + "\U0001f9e0")
+        with pytest.raises(ValueError, match=rf"Episode\.id is at most {MAX_EPISODE_ID_BYTES} bytes"):
+            Episode("user", "x", id=episode_id + "x")
+        with pytest.raises(ValueError, match=rf"Episode\.role is at most {MAX_ROLE_CHARS} characters"):
+            Episode(role + "x", "x")
+    with pytest.raises(ValueError, match=f"owner is at most {MAX_OWNER_BYTES} bytes"):
+        async with open_engine(store_url, owner="o" * (MAX_OWNER_BYTES + 1)):
+            pass
+    assert StoreRows(store_url).query("SELECT session_id, id, role, content FROM episodes") == [
+        (session_id, episode_id, role, "at every limit")
+    ]
+    async with open_engine(store_url) as engine:
+        (restored,) = (await engine.session(session_id).context()).episodes
+    assert (restored.id, restored.role) == (episode_id, role)
+
+
+@pytest.mark.anyio
+async def test_seqs_and_recall_limits_are_exact_at_their_bounds(store_url: str) -> None:
+    async with open_engine(store_url) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "a dog barked", seq=MAX_SEQ)])  # a seq given to add is not used
+        assert await session.delete_episodes([MAX_SEQ]) == 0  # a seq that was never stored
+        with pytest.raises(ValueError, match=f"a seq must be between 1 and {MAX_SEQ}"):
+            await session.delete_episodes([MAX_SEQ + 1])
+        with pytest.raises(ValueError, match=r"Episode\.seq"):
+            Episode("user", "x", seq=MAX_SEQ + 1)
+        assert [hit.episode.seq for hit in await engine.recall("dog", limit=MAX_RECALL_LIMIT)] == [1]
+        for limit in (0, MAX_RECALL_LIMIT + 1):
+            with pytest.raises(ValueError, match=f"limit must be between 1 and {MAX_RECALL_LIMIT}"):
+                await engine.recall("dog", limit=limit)
+        with pytest.raises(TypeError, match="limit must be an int"):
+            await engine.recall("dog", limit=True)
+    assert StoreRows(store_url).query("SELECT seq, content FROM episodes") == [(1, "a dog barked")]
+
+
+@pytest.mark.anyio
+async def test_nul_in_metadata_is_stored_as_a_json_escape_on_every_store(store_url: str) -> None:
+    metadata = {"NUL \x00 key": "NUL \x00 value"}
+    async with open_engine(store_url) as engine:
+        await engine.session("s").add([Episode("user", "x", metadata=metadata)])
+    assert StoreRows(store_url).query("SELECT metadata FROM episodes") == [(json.dumps(metadata, ensure_ascii=False),)]
+    async with open_engine(store_url) as engine:
+        (restored,) = (await engine.session("s").context()).episodes
+    assert restored.metadata == metadata
