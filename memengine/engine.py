@@ -14,8 +14,8 @@ import anyio.abc
 
 from .actor.mailbox import MailboxClosed
 from .config import SessionConfig
-from .episode import require_text
 from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEngineError
+from .limits import MAX_OWNER_BYTES, MAX_RECALL_LIMIT, MAX_SESSION_ID_BYTES, require_int, require_text
 from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
@@ -29,8 +29,6 @@ from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.protocol import Summarizer
 
 log = logging.getLogger("memengine")
-
-MAX_SESSION_ID_CHARS = 1024
 
 
 class Engine:
@@ -70,16 +68,13 @@ class Engine:
         """Full-text search over every stored episode (all sessions, or one), best match first.
 
         Matches any word of ``query`` (ranked by bm25); returns at most ``limit``
-        hits, each with its session id. Deleted and cleared episodes are never
-        found. Works with or without a retain sink. A checkpoint; if cancelled,
-        nothing changes.
+        hits (1 to ``MAX_RECALL_LIMIT``, 10,000), each with its session id.
+        Deleted and cleared episodes are never found. Works with or without a
+        retain sink. A checkpoint; if cancelled, nothing changes.
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, not {type(query).__name__}")
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
+        require_int("recall's limit", limit, 1, MAX_RECALL_LIMIT)
         if session_id is not None:
             self.session(session_id)  # the same validation as a handle
         if self._closed:
@@ -95,11 +90,11 @@ class Engine:
     def session(self, session_id: str) -> Session:
         """A handle on the session ``session_id``. Does no I/O.
 
-        Raises ``ValueError`` for an empty id and ``TypeError`` for a non-string.
+        A session id is a non-blank str of valid Unicode without NUL, at most
+        ``MAX_SESSION_ID_BYTES`` (1,024) bytes of UTF-8; anything else raises
+        ``TypeError`` (not a str) or ``ValueError``.
         """
-        require_text("a session id", session_id)
-        if len(session_id) > MAX_SESSION_ID_CHARS:
-            raise ValueError(f"a session id is at most {MAX_SESSION_ID_CHARS} characters, got {len(session_id)}")
+        require_text("a session id", session_id, max_bytes=MAX_SESSION_ID_BYTES)
         return Session(self, session_id)
 
     async def _send(self, session_id: str, message: ClientMessage) -> None:
@@ -249,9 +244,10 @@ async def open_engine(
     file on one machine: each session is owned by one process at a time
     (a lease with a fencing token; see ``SessionConfig.lease_ttl``).
     ``owner`` names this process in those leases (default: host, pid and a
-    random part). A process that restarts under the same name takes its
-    sessions back at once instead of waiting for their leases to expire;
-    never give two running processes the same name.
+    random part; at most ``MAX_OWNER_BYTES``, 1,024 bytes of UTF-8, no NUL).
+    A process that restarts under the same name takes its sessions back at
+    once instead of waiting for their leases to expire; never give two
+    running processes the same name.
     ``summarizer`` defaults to the offline :class:`ExtractiveSummarizer`.
     ``max_concurrent_summaries`` caps summarizer calls in flight across all
     sessions. With ``resume_pending_summaries`` (default), sessions left with
@@ -296,7 +292,7 @@ async def open_engine(
         raise ValueError(f"retain_grace must be >= 0 seconds, not {retain_grace!r}")
 
     if owner is not None:
-        require_text("owner", owner)
+        require_text("owner", owner, max_bytes=MAX_OWNER_BYTES)
     body_error: BaseException | None = None
     failure: BaseException | None
     try:

@@ -11,6 +11,8 @@ from typing import Any
 
 import attrs
 
+from .limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS, require_seq, require_text, require_utf8
+
 
 def _new_id() -> str:
     """A UUIDv7 (RFC 9562) as 32 hex digits: unique, and ordered by creation time.
@@ -30,27 +32,17 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def require_text(what: str, value: object) -> str:
-    """``value`` if it is a non-empty str storable as UTF-8; else TypeError/ValueError naming ``what``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    if not value.strip():
-        raise ValueError(f"{what} must be a non-empty string")
-    _check_encodable(what, value)
-    return value
+def _check_role(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
+    require_text("Episode.role", value, max_chars=MAX_ROLE_CHARS)
 
 
-def _check_text(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
-    require_text(f"Episode.{attribute.name}", value)
+def _check_content(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
+    # Its length is bounded by SessionConfig.max_content_chars, checked by add().
+    require_text("Episode.content", value)
 
 
-def _check_encodable(what: str, value: str) -> None:
-    # A lone surrogate cannot be stored as UTF-8: reject it here, with a clear
-    # message, rather than deep in the store after other episodes were written.
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{what} is not valid Unicode text: {exc.reason}") from None
+def _check_id(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
+    require_text("Episode.id", value, max_bytes=MAX_EPISODE_ID_BYTES)
 
 
 def _check_created_at(instance: Episode, attribute: attrs.Attribute[datetime], value: object) -> None:
@@ -83,7 +75,7 @@ def encode_metadata(value: object) -> tuple[dict[str, Any], str]:
         raise ValueError("Episode.metadata is nested too deeply") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"Episode.metadata must be JSON-serializable: {exc}") from None
-    _check_encodable("Episode.metadata", encoded)
+    require_utf8("Episode.metadata", encoded)  # no NUL rule: JSON writes NUL as an escape
     copy = json.loads(encoded)
     if copy != value or not _same_types(copy, value):
         raise TypeError(
@@ -104,25 +96,26 @@ def _same_types(copy: object, original: object) -> bool:
 
 
 def _check_seq(instance: Episode, attribute: attrs.Attribute[int | None], value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Episode.seq must be a positive int or None, not {value!r}")
+    if value is not None:
+        require_seq("Episode.seq", value)
 
 
 @attrs.frozen
 class Episode:
     """One turn of conversation.
 
-    ``role`` and ``content`` must be non-empty strings. ``id`` identifies the
-    episode within its session: adding an episode whose id the session already
-    holds stores nothing new. ``seq`` is ``None`` until the episode is stored;
-    stored episodes carry their position in the session (1, 2, 3, ...).
+    ``role`` and ``content`` must be non-blank strings of valid Unicode
+    without NUL; ``role`` is at most ``MAX_ROLE_CHARS`` (256) characters.
+    ``id`` (the same rules, at most ``MAX_EPISODE_ID_BYTES``, 1,024 bytes of
+    UTF-8) identifies the episode within its session: adding an episode whose
+    id the session already holds stores nothing new. ``seq`` is ``None`` until
+    the episode is stored; stored episodes carry their position in the session
+    (1, 2, 3, ...). See :mod:`memengine.limits`.
     """
 
-    role: str = attrs.field(validator=_check_text)
-    content: str = attrs.field(validator=_check_text)
-    id: str = attrs.field(kw_only=True, factory=_new_id, validator=_check_text)
+    role: str = attrs.field(validator=_check_role)
+    content: str = attrs.field(validator=_check_content)
+    id: str = attrs.field(kw_only=True, factory=_new_id, validator=_check_id)
     created_at: datetime = attrs.field(kw_only=True, factory=_utc_now, validator=_check_created_at)
     metadata: dict[str, Any] = attrs.field(kw_only=True, factory=dict, converter=snapshot_metadata, hash=False)
     seq: int | None = attrs.field(kw_only=True, default=None, validator=_check_seq)

@@ -127,3 +127,18 @@ async def test_deleted_id_can_be_added_again(db_path) -> None:
         await session.delete_episodes([first.seq])
         (again,) = await session.add([episode])
         assert again.seq == 2
+
+
+async def test_seventy_thousand_seqs_are_deleted_in_one_call_on_every_store(store_url, rows) -> None:
+    """More seqs than a driver can bind in one statement: deleted at once, duplicates counted once."""
+    keep_everything_raw = SessionConfig(max_episodes=100_000, max_chars=10**9)
+    async with open_engine(store_url, config=keep_everything_raw) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", f"turn {n}") for n in range(1, 1_501)])
+        # 1..1400 and 1501..70000 (never stored), then 1..1000 again: 70,900 seqs.
+        seqs = [*range(1, 1_401), *range(1_501, 70_001), *range(1, 1_001)]
+        assert await session.delete_episodes(seqs) == 1_400
+        assert [e.seq for e in (await session.context()).episodes] == list(range(1_401, 1_501))
+    assert rows.query("SELECT min(seq), max(seq), count(*) FROM episodes WHERE session_id = ?", "s") == [
+        (1_401, 1_500, 100)
+    ]

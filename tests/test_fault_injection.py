@@ -422,6 +422,30 @@ async def test_failed_clear_and_delete_change_nothing_and_can_be_retried(db_path
         assert [e.seq for e in await session.add([Episode("user", "after clear")])] == [5]  # seqs are not reused
 
 
+async def test_a_delete_of_many_seqs_failing_in_a_later_statement_deletes_nothing(
+    db_path: Path, stored: StoredRows
+) -> None:
+    """A long seq list is deleted in several statements, in one transaction: all of them or none."""
+    keep_everything_raw = SessionConfig(max_episodes=100_000, max_chars=10**9, **FAST)
+    async with engine_with_faults(db_path, config=keep_everything_raw) as (engine, faults):
+        session = engine.session("s")
+        await session.add([Episode("user", f"turn {n}") for n in range(1, 2_501)])
+        before = await session.context()
+        generation = stored.query("SELECT generation FROM sessions WHERE session_id = 's'")
+        # The first DELETE statement goes through; every later one fails.
+        fault = faults.inject("DELETE FROM episodes", session="s", skip=1)
+        with anyio.fail_after(GUARD), pytest.raises(StoreError):
+            await session.delete_episodes(range(1, 2_501))
+        assert fault.hits >= 1
+        assert len(stored.episodes("s")) == 2_500
+        assert stored.query("SELECT generation FROM sessions WHERE session_id = 's'") == generation
+        assert await session.context() == before
+
+        faults.heal()
+        assert await session.delete_episodes(range(1, 2_501)) == 2_500
+        assert stored.episodes("s") == []
+
+
 # -- the store fails a summary or an outbox write --------------------------------------------
 
 

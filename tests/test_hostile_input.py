@@ -1,16 +1,19 @@
 """Hostile input: every episode field and session id a caller can get wrong.
 
 The property, for every generated input: EITHER the engine stores it and gives it
-back exactly (add's return value, context(), the rows in the database file, and
-a new engine reopened on that file all agree with what went in), OR it is
+back exactly (add's return value, context(), the rows in the store's tables, and
+a new engine reopened on that store all agree with what went in), OR it is
 refused with a plain ``ValueError``/``TypeError`` that says what is wrong, and
-nothing of that add call is in the database. Which of the two happens is
-checked against the documented rules (non-blank valid Unicode text, aware
-datetimes, JSON metadata with str keys, ``SessionConfig`` size limits).
+nothing of that add call is in the store. Which of the two happens is checked
+against the documented rules (non-blank valid Unicode text without NUL, aware
+datetimes, JSON metadata with str keys, ``SessionConfig`` size limits, the
+limits of ``memengine.limits``), one oracle for both stores: every test runs on
+SQLite and on PostgreSQL, which must accept and refuse alike.
 
 Hypothesis drives the examples synchronously. Each test runs one event loop in
-a blocking portal (once on asyncio, once on trio) and one engine for all its
-examples, with a fresh session per example, so a default run takes seconds.
+a blocking portal (on asyncio and on trio, for each store) and one engine for
+all its examples, with a fresh session per example, so a default run takes
+seconds.
 
 ``MEMENGINE_SOAK``: set it to an integer N to multiply every example count by N,
 e.g. ``MEMENGINE_SOAK=50 python -m pytest tests/test_hostile_input.py``.
@@ -24,12 +27,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
+import random
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -41,9 +45,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memengine import Engine, Episode, SessionConfig, open_engine
-from memengine.engine import MAX_SESSION_ID_CHARS
+from memengine.limits import (
+    MAX_EPISODE_ID_BYTES,
+    MAX_OWNER_BYTES,
+    MAX_RECALL_LIMIT,
+    MAX_ROLE_CHARS,
+    MAX_SEQ,
+    MAX_SESSION_ID_BYTES,
+)
 
-from .conftest import StoredRows
+from .conftest import StoreRows
 
 SOAK = int(os.environ.get("MEMENGINE_SOAK", "1"))
 if SOAK < 1:
@@ -104,11 +115,15 @@ def row_fingerprint(row: tuple) -> tuple:
     return (episode_id, role, content, created_at, created.utcoffset(), exact(json.loads(metadata)))
 
 
-def rows_of(stored: StoredRows, session_id: str) -> list[tuple]:
-    return stored.query(
+def rows_of(rows: StoreRows, session_id: str) -> list[tuple]:
+    return rows.query(
         "SELECT seq, id, role, content, created_at, metadata FROM episodes WHERE session_id = ? ORDER BY seq",
         session_id,
     )
+
+
+def episodes_of(rows: StoreRows, session_id: str) -> list[tuple[int, str]]:
+    return rows.query("SELECT seq, content FROM episodes WHERE session_id = ? ORDER BY seq", session_id)
 
 
 class Ledger:
@@ -127,14 +142,14 @@ class Ledger:
     def total(self) -> int:
         return sum(len(episodes) for episodes in self.sessions.values())
 
-    def check_rows(self, stored: StoredRows, session_id: str) -> None:
-        assert [(row[0], row_fingerprint(row)) for row in rows_of(stored, session_id)] == self.of(session_id)
+    def check_rows(self, rows: StoreRows, session_id: str) -> None:
+        assert [(row[0], row_fingerprint(row)) for row in rows_of(rows, session_id)] == self.of(session_id)
         # Nothing anywhere else either: a refused add must not have written under another key.
-        assert stored.query("SELECT count(*) FROM episodes") == [(self.total,)]
+        assert rows.query("SELECT count(*) FROM episodes") == [(self.total,)]
 
-    async def check_reopened(self, path: Path) -> None:
-        """A new engine on the same file shows every session exactly as acknowledged, and no other."""
-        async with open_engine(path, config=LIMITS) as engine:
+    async def check_reopened(self, store_url: str) -> None:
+        """A new engine on the same store shows every session exactly as acknowledged, and no other."""
+        async with open_engine(store_url, config=LIMITS) as engine:
             listed = {row.session_id for row in await engine.store.list_sessions()}
             assert listed == set(self.sessions)
             for session_id, expected in self.sessions.items():
@@ -144,11 +159,11 @@ class Ledger:
 
 
 @contextmanager
-def engine_in_portal(backend: str, path: Path) -> Iterator[tuple[BlockingPortal, Engine]]:
+def engine_in_portal(backend: str, store_url: str) -> Iterator[tuple[BlockingPortal, Engine]]:
     """One event loop (in a thread) and one engine, driven from synchronous hypothesis examples."""
     with (
         start_blocking_portal(backend) as portal,
-        portal.wrap_async_context_manager(open_engine(path, config=LIMITS)) as engine,
+        portal.wrap_async_context_manager(open_engine(store_url, config=LIMITS)) as engine,
     ):
         yield portal, engine
 
@@ -174,7 +189,19 @@ def encodable(text: str) -> bool:
 
 
 def text_ok(value: object) -> bool:
-    return isinstance(value, str) and bool(value.strip()) and encodable(value)
+    return isinstance(value, str) and bool(value.strip()) and "\x00" not in value and encodable(value)
+
+
+def utf8_size(value: str) -> int:
+    return len(value.encode("utf-8"))
+
+
+def role_ok(value: object) -> bool:
+    return text_ok(value) and len(value) <= MAX_ROLE_CHARS  # type: ignore[arg-type]
+
+
+def id_ok(value: object) -> bool:
+    return text_ok(value) and utf8_size(value) <= MAX_EPISODE_ID_BYTES  # type: ignore[arg-type]
 
 
 def content_ok(value: object) -> bool:
@@ -186,7 +213,7 @@ def created_at_ok(value: object) -> bool:
 
 
 def seq_ok(value: object) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SEQ)
 
 
 def metadata_ok(value: object) -> bool:
@@ -200,11 +227,11 @@ def metadata_ok(value: object) -> bool:
 
 
 def session_id_ok(value: object) -> bool:
-    return text_ok(value) and len(value) <= MAX_SESSION_ID_CHARS  # type: ignore[arg-type]
+    return text_ok(value) and utf8_size(value) <= MAX_SESSION_ID_BYTES  # type: ignore[arg-type]
 
 
 DEFAULT = object()  # the field is left out: the Episode's own default applies
-CHECKS = {"role": text_ok, "content": content_ok, "id": text_ok, "created_at": created_at_ok, "seq": seq_ok}
+CHECKS = {"role": role_ok, "content": content_ok, "id": id_ok, "created_at": created_at_ok, "seq": seq_ok}
 
 
 def spec_ok(spec: dict[str, Any]) -> bool:
@@ -264,6 +291,22 @@ def text_of_length(lengths: st.SearchStrategy[int]) -> st.SearchStrategy[str]:
     return st.builds(_repeat, st.text(characters, min_size=1, max_size=3), lengths)
 
 
+def _of_bytes(unit: str, size: int) -> str:
+    """``unit`` repeated while it fits in ``size`` bytes of UTF-8 (a surrogate counted as 3)."""
+    text, used = [], 0
+    for character in itertools.cycle(unit):
+        width = len(character.encode("utf-8", "surrogatepass"))
+        if used + width > size:
+            return "".join(text)
+        text.append(character)
+        used += width
+    raise AssertionError("unreachable")
+
+
+def text_of_bytes(sizes: st.SearchStrategy[int]) -> st.SearchStrategy[str]:
+    return st.builds(_of_bytes, st.text(characters, min_size=1, max_size=3), sizes)
+
+
 long_text = st.one_of(
     text_of_length(st.integers(CONTENT_LIMIT - 2, CONTENT_LIMIT + 2)),  # right at the limit
     text_of_length(st.integers(CONTENT_LIMIT * 3, CONTENT_LIMIT * 30)),  # far beyond it
@@ -280,9 +323,21 @@ wrong_types = st.one_of(
     st.builds(object),
 )
 
-roles = st.one_of(st.sampled_from(["user", "assistant", "system", "tool"]), short_text, long_text, wrong_types)
+roles = st.one_of(
+    st.sampled_from(["user", "assistant", "system", "tool"]),
+    short_text,
+    text_of_length(st.integers(MAX_ROLE_CHARS - 2, MAX_ROLE_CHARS + 2)),
+    long_text,
+    wrong_types,
+)
 contents = st.one_of(short_text, long_text, wrong_types)
-ids = st.one_of(st.just(DEFAULT), short_text, long_text, wrong_types)
+ids = st.one_of(
+    st.just(DEFAULT),
+    short_text,
+    text_of_bytes(st.integers(MAX_EPISODE_ID_BYTES - 4, MAX_EPISODE_ID_BYTES + 4)),
+    long_text,
+    wrong_types,
+)
 
 
 class NoOffset(tzinfo):
@@ -316,7 +371,15 @@ created_ats = st.one_of(
     st.integers(),
     st.floats(),
 )
-seqs = st.one_of(st.just(DEFAULT), st.none(), st.integers(-2, 2**70), st.booleans(), st.floats(), st.text(max_size=2))
+seqs = st.one_of(
+    st.just(DEFAULT),
+    st.none(),
+    st.integers(-2, 2**70),
+    st.integers(MAX_SEQ - 2, MAX_SEQ + 2),
+    st.booleans(),
+    st.floats(),
+    st.text(max_size=2),
+)
 
 json_leaves = st.one_of(
     st.none(),
@@ -403,7 +466,8 @@ session_ids = st.one_of(
     st.sampled_from(
         ["s", "alice/chat-1", " s", "s ", "S", "\x00", "a\x00b", "e\u0301", "\u00e9", "'; DROP TABLE x; --"]
     ),
-    text_of_length(st.integers(MAX_SESSION_ID_CHARS - 2, MAX_SESSION_ID_CHARS + 2)),
+    text_of_bytes(st.integers(MAX_SESSION_ID_BYTES - 4, MAX_SESSION_ID_BYTES + 4)),
+    st.integers(MAX_SESSION_ID_BYTES - 2, MAX_SESSION_ID_BYTES + 2).map(lambda length: "s" * length),
     wrong_types,
 )
 
@@ -426,12 +490,12 @@ def expected_after_add(batch: list[Episode], first_seq: int) -> tuple[Seen, Seen
 
 
 @BACKENDS
-def test_every_episode_is_stored_exactly_or_refused_whole(backend: str, db_path: Path, stored: StoredRows) -> None:
+def test_every_episode_is_stored_exactly_or_refused_whole(backend: str, store_url: str, rows: StoreRows) -> None:
     ledger = Ledger()
     fresh = itertools.count()
     outcomes = {"stored": 0, "refused": 0}
 
-    with engine_in_portal(backend, db_path) as (portal, engine):
+    with engine_in_portal(backend, store_url) as (portal, engine):
 
         @examples(150)
         @given(specs=batches)
@@ -446,8 +510,8 @@ def test_every_episode_is_stored_exactly_or_refused_whole(backend: str, db_path:
                 assert not should_store, f"a valid batch was refused: {refusal!r}"
                 assert_clear_refusal(refusal)
                 outcomes["refused"] += 1
-                assert stored.query("SELECT count(*) FROM sessions WHERE session_id = ?", session_id) == [(0,)]
-                ledger.check_rows(stored, session_id)
+                assert rows.query("SELECT count(*) FROM sessions WHERE session_id = ?", session_id) == [(0,)]
+                ledger.check_rows(rows, session_id)
                 return
             assert should_store, f"an invalid batch was stored: {specs!r}"
             outcomes["stored"] += 1
@@ -456,20 +520,20 @@ def test_every_episode_is_stored_exactly_or_refused_whole(backend: str, db_path:
             context = portal.call(session.context)
             assert [(e.seq, fingerprint(e)) for e in context.episodes] == expected
             ledger.record(session_id, expected)
-            ledger.check_rows(stored, session_id)
+            ledger.check_rows(rows, session_id)
 
         add_batch()
 
-    anyio.run(ledger.check_reopened, db_path, backend=backend)
+    anyio.run(ledger.check_reopened, store_url, backend=backend)
     assert outcomes["stored"] and outcomes["refused"]  # the strategies reach both sides
 
 
 @BACKENDS
-def test_metadata_is_stored_exactly_or_refused(backend: str, db_path: Path, stored: StoredRows) -> None:
+def test_metadata_is_stored_exactly_or_refused(backend: str, store_url: str, rows: StoreRows) -> None:
     ledger = Ledger()
     fresh = itertools.count()
 
-    with engine_in_portal(backend, db_path) as (portal, engine):
+    with engine_in_portal(backend, store_url) as (portal, engine):
 
         @examples(150)
         @given(metadata=metadatas.filter(lambda value: value is not DEFAULT))
@@ -481,24 +545,24 @@ def test_metadata_is_stored_exactly_or_refused(backend: str, db_path: Path, stor
             except (ValueError, TypeError) as refusal:
                 assert not metadata_ok(metadata), f"valid metadata was refused: {refusal!r}"
                 assert_clear_refusal(refusal)
-                ledger.check_rows(stored, session_id)
+                ledger.check_rows(rows, session_id)
                 return
             assert metadata_ok(metadata), f"invalid metadata was stored: {metadata!r}"
             assert exact(returned.metadata) == exact(dict(metadata))
             ledger.record(session_id, [(1, fingerprint(episode))])
-            ledger.check_rows(stored, session_id)
+            ledger.check_rows(rows, session_id)
 
         add_metadata()
 
-    anyio.run(ledger.check_reopened, db_path, backend=backend)
+    anyio.run(ledger.check_reopened, store_url, backend=backend)
 
 
 @BACKENDS
-def test_every_session_id_is_used_exactly_or_refused(backend: str, db_path: Path, stored: StoredRows) -> None:
+def test_every_session_id_is_used_exactly_or_refused(backend: str, store_url: str, rows: StoreRows) -> None:
     ledger = Ledger()
     probes = itertools.count()
 
-    with engine_in_portal(backend, db_path) as (portal, engine):
+    with engine_in_portal(backend, store_url) as (portal, engine):
 
         @examples(100)
         @given(session_id=session_ids)
@@ -510,7 +574,7 @@ def test_every_session_id_is_used_exactly_or_refused(backend: str, db_path: Path
             except (ValueError, TypeError) as refusal:
                 assert not session_id_ok(session_id), f"a valid session id was refused: {refusal!r}"
                 assert_clear_refusal(refusal)
-                assert stored.query("SELECT count(*) FROM episodes") == [(ledger.total,)]
+                assert rows.query("SELECT count(*) FROM episodes") == [(ledger.total,)]
                 return
             assert session_id_ok(session_id), f"an invalid session id was accepted: {session_id!r}"
             (returned,) = portal.call(session.add, [episode])
@@ -520,11 +584,11 @@ def test_every_session_id_is_used_exactly_or_refused(backend: str, db_path: Path
             context = portal.call(session.context)
             assert context.session_id == session_id
             assert [(e.seq, fingerprint(e)) for e in context.episodes] == ledger.of(session_id)
-            ledger.check_rows(stored, session_id)
+            ledger.check_rows(rows, session_id)
 
         add_to()
 
-    anyio.run(ledger.check_reopened, db_path, backend=backend)
+    anyio.run(ledger.check_reopened, store_url, backend=backend)
 
 
 def _not_empty(argument: Any) -> bool:
@@ -544,10 +608,10 @@ not_a_batch = st.one_of(
 
 
 @BACKENDS
-def test_add_refuses_anything_but_an_iterable_of_episodes(backend: str, db_path: Path, stored: StoredRows) -> None:
+def test_add_refuses_anything_but_an_iterable_of_episodes(backend: str, store_url: str, rows: StoreRows) -> None:
     fresh = itertools.count()
 
-    with engine_in_portal(backend, db_path) as (portal, engine):
+    with engine_in_portal(backend, store_url) as (portal, engine):
 
         @examples(50)
         @given(argument=not_a_batch)
@@ -556,19 +620,19 @@ def test_add_refuses_anything_but_an_iterable_of_episodes(backend: str, db_path:
             with pytest.raises(TypeError) as refusal:
                 portal.call(engine.session(session_id).add, argument)
             assert_clear_refusal(refusal.value)
-            assert stored.query("SELECT count(*) FROM episodes") == [(0,)]
-            assert stored.query("SELECT count(*) FROM sessions") == [(0,)]
+            assert rows.query("SELECT count(*) FROM episodes") == [(0,)]
+            assert rows.query("SELECT count(*) FROM sessions") == [(0,)]
 
         add_wrongly()
 
 
 @pytest.mark.anyio
-async def test_default_limits_are_exact_at_the_boundary(db_path: Path, stored: StoredRows) -> None:
+async def test_default_limits_are_exact_at_the_boundary(store_url: str, rows: StoreRows) -> None:
     limits = SessionConfig(max_chars=10**6)  # default size limits; a window that keeps everything raw
     at_limit = Episode("user", "\U0001f9e0" * limits.max_content_chars)  # characters, not bytes
     # {"k": "..."} is 9 bytes of JSON around the value; "é" is 2 bytes of UTF-8.
     metadata_at_limit = Episode("user", "m", metadata={"k": "é" * ((limits.max_metadata_bytes - 9) // 2) + "v"})
-    async with open_engine(db_path, config=limits) as engine:
+    async with open_engine(store_url, config=limits) as engine:
         session = engine.session("limits")
         returned = await session.add([at_limit, metadata_at_limit])
         assert [fingerprint(e) for e in returned] == [fingerprint(at_limit), fingerprint(metadata_at_limit)]
@@ -576,8 +640,8 @@ async def test_default_limits_are_exact_at_the_boundary(db_path: Path, stored: S
             await session.add([Episode("user", "fits"), Episode("user", "x" * (limits.max_content_chars + 1))])
         with pytest.raises(ValueError, match="max_metadata_bytes=16384"):
             await session.add([Episode("user", "m", metadata={"k": "é" * ((limits.max_metadata_bytes - 8) // 2)})])
-    assert [content for _, content in stored.episodes("limits")] == [at_limit.content, "m"]
-    async with open_engine(db_path, config=limits) as engine:
+    assert [content for _, content in episodes_of(rows, "limits")] == [at_limit.content, "m"]
+    async with open_engine(store_url, config=limits) as engine:
         restored = (await engine.session("limits").context()).episodes
     assert [fingerprint(e) for e in restored] == [fingerprint(at_limit), fingerprint(metadata_at_limit)]
 
@@ -596,15 +660,15 @@ async def test_default_limits_are_exact_at_the_boundary(db_path: Path, stored: S
     ],
     ids=["int-keys", "none-and-bool-keys", "colliding-keys", "tuple"],
 )
-async def test_nested_metadata_comes_back_as_it_went_in_or_is_refused(db_path: Path, metadata: dict) -> None:
-    async with open_engine(db_path) as engine:
+async def test_nested_metadata_comes_back_as_it_went_in_or_is_refused(store_url: str, metadata: dict) -> None:
+    async with open_engine(store_url) as engine:
         try:
             episode = Episode("user", "nested metadata", metadata=metadata)
             (returned,) = await engine.session("s").add([episode])
         except (ValueError, TypeError):
             return  # refusing it would be fine too
         assert exact(returned.metadata) == exact(metadata)
-    async with open_engine(db_path) as engine:
+    async with open_engine(store_url) as engine:
         (restored,) = (await engine.session("s").context()).episodes
     assert exact(restored.metadata) == exact(metadata)
 
@@ -616,10 +680,10 @@ def test_too_deeply_nested_metadata_is_refused_with_a_value_error() -> None:
 
 @pytest.mark.anyio
 async def test_metadata_made_invalid_after_construction_is_refused_without_harm(
-    db_path: Path, stored: StoredRows
+    store_url: str, rows: StoreRows
 ) -> None:
     try:
-        async with open_engine(db_path) as engine:
+        async with open_engine(store_url) as engine:
             await engine.session("s").add([Episode("user", "before")])
             poisoned = Episode("user", "poisoned", metadata={"score": 0.5})
             poisoned.metadata["score"] = math.nan  # the dict is the caller's to change
@@ -631,14 +695,14 @@ async def test_metadata_made_invalid_after_construction_is_refused_without_harm(
         if crash is not None:
             raise AssertionError(f"the engine went down with {crash!r}") from None
         raise
-    assert stored.episodes("s") == [(1, "before")]
-    assert stored.episodes("other") == [(1, "after")]
+    assert episodes_of(rows, "s") == [(1, "before")]
+    assert episodes_of(rows, "other") == [(1, "after")]
 
 
 @pytest.mark.anyio
-async def test_context_shows_what_was_stored_not_later_edits(db_path: Path) -> None:
+async def test_context_shows_what_was_stored_not_later_edits(store_url: str) -> None:
     tags = ["first"]
-    async with open_engine(db_path) as engine:
+    async with open_engine(store_url) as engine:
         session = engine.session("s")
         await session.add([Episode("user", "tagged", metadata={"tags": tags})])
         tags.append("edited after add")  # the caller reuses its own list
@@ -653,10 +717,145 @@ async def test_context_shows_what_was_stored_not_later_edits(db_path: Path) -> N
     reason="created_at is stored as isoformat() and read back with datetime.fromisoformat(), which (CPython "
     "3.11-3.13) reads an offset under one second, like +00:00:00.000001, as +00:00: the instant moves",
 )
-async def test_created_at_with_a_sub_second_offset_comes_back_exactly(db_path: Path) -> None:
+async def test_created_at_with_a_sub_second_offset_comes_back_exactly(store_url: str) -> None:
     created_at = datetime(2000, 1, 1, tzinfo=timezone(timedelta(microseconds=1)))
-    async with open_engine(db_path) as engine:
+    async with open_engine(store_url) as engine:
         await engine.session("s").add([Episode("user", "odd offset", created_at=created_at)])
-    async with open_engine(db_path) as engine:
+    async with open_engine(store_url) as engine:
         (restored,) = (await engine.session("s").context()).episodes
     assert (restored.created_at, restored.created_at.utcoffset()) == (created_at, created_at.utcoffset())
+
+
+# -- the hardening issue's cases, on both stores ------------------------------------------
+
+
+def four_byte_text(length: int, seed: int) -> str:
+    """``length`` random 4-byte characters: text PostgreSQL cannot compress inside an index entry."""
+    rng = random.Random(seed)
+    return "".join(chr(rng.randrange(0x10000, 0x110000)) for _ in range(length))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("field", ["role", "id"])
+async def test_a_huge_role_or_id_is_refused_and_nothing_is_stored(store_url: str, rows: StoreRows, field: str) -> None:
+    huge = "r" * 5_000_000
+    async with open_engine(store_url) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "kept")])
+        with pytest.raises(ValueError, match=rf"Episode\.{field}"):
+            await session.add([Episode(huge, "x") if field == "role" else Episode("user", "x", id=huge)])
+        assert [e.content for e in (await session.context()).episodes] == ["kept"]
+    assert rows.query("SELECT seq, content FROM episodes") == [(1, "kept")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("field", ["role", "content", "id", "session id", "owner"])
+async def test_nul_is_refused_in_every_text_field_on_every_store(
+    store_url: str, rows: StoreRows, field: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite could store NUL and PostgreSQL cannot: both refuse it, before anything is stored."""
+    with_nul = "a\x00b"
+    if field == "owner":
+        with pytest.raises(ValueError, match=r"owner.*NUL"):
+            async with open_engine(store_url, owner=with_nul):
+                pass
+        return
+    async with open_engine(store_url) as engine:
+        await engine.session("s").add([Episode("user", "kept")])
+        with pytest.raises(ValueError, match=rf"{field}.*NUL"):
+            if field == "session id":
+                await engine.session(with_nul).add([Episode("user", "x")])
+            else:
+                fields = {"role": "user", "content": "x", "id": "e1", field: with_nul}
+                await engine.session("s").add([Episode(fields["role"], fields["content"], id=fields["id"])])
+    assert rows.query("SELECT session_id, content FROM episodes") == [("s", "kept")]
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+@pytest.mark.anyio
+async def test_an_id_of_1024_four_byte_characters_is_refused_not_failed_in_the_store(
+    store_url: str, rows: StoreRows
+) -> None:
+    """4,096 bytes of UTF-8 exceed PostgreSQL's btree entry limit: a ValueError, on both stores alike."""
+    too_long = four_byte_text(1024, seed=1)
+    async with open_engine(store_url) as engine:
+        with pytest.raises(ValueError, match=r"Episode\.id"):
+            await engine.session("s").add([Episode("user", "x", id=too_long)])
+        with pytest.raises(ValueError, match="session id"):
+            await engine.session(too_long).add([Episode("user", "x")])
+    assert rows.query("SELECT count(*) FROM episodes") == [(0,)]
+
+
+@pytest.mark.anyio
+async def test_seqs_and_recall_limits_beyond_64_bits_are_refused_with_a_value_error(
+    store_url: str, rows: StoreRows
+) -> None:
+    async with open_engine(store_url) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "kept")])
+        with pytest.raises(ValueError, match="seq"):
+            await session.delete_episodes([1, 2**63])
+        with pytest.raises(ValueError, match="limit"):
+            await engine.recall("kept", limit=2**63)
+        assert [hit.episode.content for hit in await engine.recall("kept")] == ["kept"]
+    assert rows.query("SELECT seq, content FROM episodes") == [(1, "kept")]
+
+
+@pytest.mark.anyio
+async def test_names_of_four_byte_characters_at_their_limit_are_stored_and_one_more_is_refused(
+    store_url: str,
+    rows: StoreRows,
+) -> None:
+    """Both names at their byte limits in one row: the largest entry of PostgreSQL's (id, session_id) index."""
+    session_id = four_byte_text(MAX_SESSION_ID_BYTES // 4, seed=2)
+    episode_id = four_byte_text(MAX_EPISODE_ID_BYTES // 4, seed=3)
+    role = four_byte_text(MAX_ROLE_CHARS, seed=4)
+    async with open_engine(store_url, owner=four_byte_text(MAX_OWNER_BYTES // 4, seed=5)) as engine:
+        session = engine.session(session_id)
+        (stored,) = await session.add([Episode(role, "at every limit", id=episode_id)])
+        assert (stored.seq, stored.id, stored.role) == (1, episode_id, role)
+        with pytest.raises(ValueError, match=f"session id is at most {MAX_SESSION_ID_BYTES} bytes"):
+            engine.session(session_id + "\U0001f9e0")
+        with pytest.raises(ValueError, match=rf"Episode\.id is at most {MAX_EPISODE_ID_BYTES} bytes"):
+            Episode("user", "x", id=episode_id + "x")
+        with pytest.raises(ValueError, match=rf"Episode\.role is at most {MAX_ROLE_CHARS} characters"):
+            Episode(role + "x", "x")
+    with pytest.raises(ValueError, match=f"owner is at most {MAX_OWNER_BYTES} bytes"):
+        async with open_engine(store_url, owner="o" * (MAX_OWNER_BYTES + 1)):
+            pass
+    assert rows.query("SELECT session_id, id, role, content FROM episodes") == [
+        (session_id, episode_id, role, "at every limit")
+    ]
+    async with open_engine(store_url) as engine:
+        (restored,) = (await engine.session(session_id).context()).episodes
+    assert (restored.id, restored.role) == (episode_id, role)
+
+
+@pytest.mark.anyio
+async def test_seqs_and_recall_limits_are_exact_at_their_bounds(store_url: str, rows: StoreRows) -> None:
+    async with open_engine(store_url) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "a dog barked", seq=MAX_SEQ)])  # a seq given to add is not used
+        assert await session.delete_episodes([MAX_SEQ]) == 0  # a seq that was never stored
+        with pytest.raises(ValueError, match=f"a seq must be between 1 and {MAX_SEQ}"):
+            await session.delete_episodes([MAX_SEQ + 1])
+        with pytest.raises(ValueError, match=r"Episode\.seq"):
+            Episode("user", "x", seq=MAX_SEQ + 1)
+        assert [hit.episode.seq for hit in await engine.recall("dog", limit=MAX_RECALL_LIMIT)] == [1]
+        for limit in (0, MAX_RECALL_LIMIT + 1):
+            with pytest.raises(ValueError, match=f"limit must be between 1 and {MAX_RECALL_LIMIT}"):
+                await engine.recall("dog", limit=limit)
+        with pytest.raises(TypeError, match="limit must be an int"):
+            await engine.recall("dog", limit=True)
+    assert rows.query("SELECT seq, content FROM episodes") == [(1, "a dog barked")]
+
+
+@pytest.mark.anyio
+async def test_nul_in_metadata_is_stored_as_a_json_escape_on_every_store(store_url: str, rows: StoreRows) -> None:
+    metadata = {"NUL \x00 key": "NUL \x00 value"}
+    async with open_engine(store_url) as engine:
+        await engine.session("s").add([Episode("user", "x", metadata=metadata)])
+    assert rows.query("SELECT metadata FROM episodes") == [(json.dumps(metadata, ensure_ascii=False),)]
+    async with open_engine(store_url) as engine:
+        (restored,) = (await engine.session("s").context()).episodes
+    assert restored.metadata == metadata

@@ -13,6 +13,7 @@ from ..config import SessionConfig
 from ..context import Context
 from ..episode import Episode, encode_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
+from ..limits import require_seq
 from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class Session:
     async def delete_episodes(self, seqs: Iterable[int]) -> int:
         """Delete episodes by seq; return how many existed and were deleted.
 
+        Takes any number of seqs, each an int from 1 to ``MAX_SEQ`` (2**63 - 1);
+        a seq given twice counts once, and one never stored is ignored.
         Every summary that covered a deleted episode is dropped, and the
         remaining episodes are summarized again in the background.
         """
@@ -174,8 +177,5 @@ def _seqs_argument(seqs: Iterable[int]) -> tuple[int, ...]:
         raise TypeError(f"delete_episodes() takes an iterable of seqs, not {type(seqs).__name__}")
     wanted = tuple(seqs)
     for seq in wanted:
-        if isinstance(seq, bool) or not isinstance(seq, int):
-            raise TypeError(f"a seq is an int, not {type(seq).__name__}")
-        if seq < 1:
-            raise ValueError(f"seqs start at 1, got {seq}")
+        require_seq("a seq", seq)
     return wanted

@@ -158,26 +158,37 @@ def _thin_summaries(db: Db, session_id: str) -> None:
         )
 
 
+_SEQS_PER_STATEMENT = 1000  # one parameter each: far below the drivers' limits (PostgreSQL's is 65,535)
+
+
 def delete_episodes(db: Db, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
+    """Delete the episodes among ``seqs`` (any number of them), all in the caller's one transaction."""
     leases.require(db, session_id, token)
-    wanted = sorted(set(seqs))
-    listed = placeholders(len(wanted))
     existing = [
         seq
+        for chunk in _chunks(sorted(set(seqs)))
         for (seq,) in db.execute(
-            f"SELECT seq FROM episodes WHERE session_id = ? AND seq IN ({listed})", (session_id, *wanted)
+            f"SELECT seq FROM episodes WHERE session_id = ? AND seq IN ({placeholders(len(chunk))})",
+            (session_id, *chunk),
         ).fetchall()
     ]
     if not existing:
         return 0, load(db, session_id)
     # Before deleting: the seq floor must include the rows about to go.
     _bump_generation(db, session_id)
-    db.execute(f"DELETE FROM episodes WHERE session_id = ? AND seq IN ({listed})", (session_id, *wanted))
+    for chunk in _chunks(existing):
+        db.execute(
+            f"DELETE FROM episodes WHERE session_id = ? AND seq IN ({placeholders(len(chunk))})", (session_id, *chunk)
+        )
     # A summary through k covers every live episode up to k.
     db.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq >= ?", (session_id, min(existing)))
     # Deleted means deleted: undelivered retain batches lose them too.
     outbox.revise_after_delete(db, session_id, existing)
     return len(existing), load(db, session_id)
+
+
+def _chunks(seqs: Sequence[int]) -> list[Sequence[int]]:
+    return [seqs[start : start + _SEQS_PER_STATEMENT] for start in range(0, len(seqs), _SEQS_PER_STATEMENT)]
 
 
 def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
