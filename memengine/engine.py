@@ -67,10 +67,14 @@ class Engine:
     async def recall(self, query: str, *, session_id: str | None = None, limit: int = 10) -> list[Recalled]:
         """Full-text search over every stored episode (all sessions, or one), best match first.
 
-        Matches any word of ``query`` (ranked by bm25); returns at most ``limit``
-        hits (1 to ``MAX_RECALL_LIMIT``, 10,000), each with its session id.
-        Deleted and cleared episodes are never found. Works with or without a
-        retain sink. A checkpoint; if cancelled, nothing changes.
+        Matches any of the first 1,000 distinct words of ``query`` (case aside;
+        later words are ignored), ranked by bm25 (SQLite) or ``ts_rank``
+        (PostgreSQL); returns at most ``limit`` hits (1 to ``MAX_RECALL_LIMIT``,
+        10,000), each with its session id. Every episode stored before the call
+        is searched; deleted and cleared ones, and the parts of an add still
+        being stored, are never found. A damaged index is rebuilt from the
+        stored episodes first. Works with or without a retain sink. A
+        checkpoint; if cancelled, nothing changes.
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, not {type(query).__name__}")

@@ -201,3 +201,27 @@ async def test_a_process_killed_in_the_middle_of_a_large_add_leaves_none_of_it(s
         assert [e.seq for e in again] == list(range(2, LARGE + 2))
     assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(LARGE + 1,)]
     assert rows.query("SELECT count(*) FROM unfinished_appends") == [(0,)]
+
+
+async def test_recall_never_finds_the_parts_of_an_add_still_being_stored(
+    store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(committer, "TRANSACTION_ROWS", 50, raising=False)
+    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000, passivate_after=None)) as engine:
+        session = engine.session("s")
+        slow_down(engine, per_row=0.002)
+        seen_while_adding: list[int] = []
+        async with anyio.create_task_group() as tasks:
+
+            async def recall_meanwhile() -> None:
+                # Once some parts are committed (and before the last one), recall sees none of them.
+                while rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(0,)]:  # noqa: ASYNC110
+                    await anyio.sleep(0.005)
+                seen_while_adding.append(len(await engine.recall("part", session_id="s")))
+                seen_while_adding.append(rows.query("SELECT count(*) FROM unfinished_appends")[0][0])
+
+            tasks.start_soon(recall_meanwhile)
+            with anyio.fail_after(GUARD):
+                await session.add([Episode("user", f"part word{i}") for i in range(300)])
+        assert seen_while_adding == [0, 1]  # stored in part, unfinished, and not found
+        assert len(await engine.recall("part", session_id="s", limit=1000)) == 300

@@ -1,4 +1,4 @@
-"""The ``memengine`` command line: ``memengine demo``, ``inspect`` and ``replay``.
+"""The ``memengine`` command line: ``memengine demo``, ``inspect``, ``replay`` and ``reindex``.
 
 Each subcommand lives in its own module, which adds its parser and the
 function that runs it; this module only builds the top-level parser and
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from . import demo, inspect, replay
+from . import demo, inspect, reindex, replay
 
 __all__ = ["build_parser", "main"]
 
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(subcommands)
     inspect.add_parser(subcommands)
     replay.add_parser(subcommands)
+    reindex.add_parser(subcommands)
     return parser
 
 

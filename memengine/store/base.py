@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 import attrs
 
 from ..episode import Episode
+from ..errors import StoreError
 
 if TYPE_CHECKING:
     from ..retain.batch import RetainMode
@@ -55,6 +56,16 @@ class Recalled:
     session_id: str
     episode: Episode
     score: float
+
+
+class RecallIndexDamaged(StoreError):
+    """The recall index does not match the journal (rows missing, a wrong watermark, a table gone).
+
+    A backend's search raises it instead of answering from a damaged index;
+    the store then rebuilds the index from the journal and searches again.
+    It reaches a caller (a :class:`StoreError`) only if the rebuilt index is
+    damaged too.
+    """
 
 
 @attrs.frozen
@@ -206,7 +217,13 @@ class Store(Protocol):
         """How many batches wait, and since when."""
 
     async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        """Stored episodes matching any word of ``query``, best first; never deleted ones."""
+        """Stored episodes matching any of the first 1,000 distinct words of ``query``, best first; never deleted ones.
+
+        A damaged index is rebuilt from the journal (and the search made again).
+        """
+
+    async def rebuild_recall_index(self) -> int:
+        """Rebuild the recall index from the journal; return how many episodes it holds."""
 
     async def list_sessions(self) -> list[SessionRow]:
         """Every session the store knows, for inspection."""

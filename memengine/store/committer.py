@@ -46,7 +46,16 @@ from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
 from . import journal, leases, outbox
-from .base import AppendResult, Completion, OutboxEntry, OutboxState, Recalled, SessionRow, SessionSnapshot
+from .base import (
+    AppendResult,
+    Completion,
+    OutboxEntry,
+    OutboxState,
+    Recalled,
+    RecallIndexDamaged,
+    SessionRow,
+    SessionSnapshot,
+)
 from .dialect import Db, Dialect
 
 T = TypeVar("T")
@@ -144,7 +153,15 @@ class GroupCommitStore:
         """An extra operation to ride along with the next transaction, if one is due."""
         return None
 
+    async def _catch_up_recall_index(self) -> None:
+        """Index what is stored but not indexed yet (nothing, for a backend that indexes as it writes)."""
+
     def _search(self, db: Db, query: str, session_id: str | None, limit: int) -> list[Recalled]:
+        """Search the recall index; a read. Raises :class:`RecallIndexDamaged` if the index is damaged."""
+        raise NotImplementedError
+
+    def _rebuild_recall_index(self, db: Db) -> int:
+        """Rebuild the recall index from the journal; return how many episodes it holds."""
         raise NotImplementedError
 
     # -- the committer -------------------------------------------------------
@@ -578,7 +595,18 @@ class GroupCommitStore:
         return await self._read(outbox.state)
 
     async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        return await self._submit(lambda db: self._search(db, query, session_id, limit))
+        """Search every stored episode: index what waits (in bounded steps), then read; rebuild a damaged index."""
+        search = functools.partial(self._search, query=query, session_id=session_id, limit=limit)
+        try:
+            await self._catch_up_recall_index()
+            return await self._read(search)
+        except RecallIndexDamaged as damage:
+            log.warning("%s; rebuilding it from the journal", damage)
+            await self.rebuild_recall_index()
+            return await self._read(search)
+
+    async def rebuild_recall_index(self) -> int:
+        return await self._submit(self._rebuild_recall_index)
 
 
 class _AppendInParts:

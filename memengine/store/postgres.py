@@ -5,13 +5,12 @@ journal.py, outbox.py, leases.py): one connection per process, group commit,
 psycopg 3's blocking driver run in a worker thread, so it works the same under
 asyncio and trio. This module connects (reconnecting after a lost connection),
 inserts a run of appends with one ``unnest`` statement, and searches with
-PostgreSQL's full-text search (``ts_rank``, the ``simple`` configuration).
+PostgreSQL's full-text search (postgres_recall.py).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from . import journal
+from . import journal, postgres_recall
 from .base import Recalled
 from .committer import GroupCommitStore
 from .dialect import Db, postgres_dialect
@@ -32,7 +31,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 log = logging.getLogger("memengine.store")
 _CANCEL_TIMEOUT = 2.0
-_TERM = re.compile(r"\w+", re.UNICODE)
 _INSERT_SESSIONS = "INSERT INTO sessions (session_id) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING"
 _INSERT_EPISODES = (
     "INSERT INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
@@ -87,25 +85,10 @@ class PostgresStore(GroupCommitStore):
         return bool(cursor.rowcount == len(rows))
 
     def _search(self, db: Db, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        terms = list(dict.fromkeys(term.lower() for term in _TERM.findall(query)))
-        if not terms:
-            return []
-        # Any word matches: an OR of plain queries, which take user text without syntax.
-        tsquery = " || ".join(["plainto_tsquery('simple', %s)"] * len(terms))
-        where = "to_tsvector('simple', e.content) @@ q.query"
-        params: list[object] = [*terms]
-        if session_id is not None:
-            where += " AND e.session_id = %s"
-            params.append(session_id)
-        params.append(limit)
-        rows = db.conn.execute(
-            "SELECT e.session_id, e.seq, e.id, e.role, e.content, e.created_at, e.metadata, "
-            "  ts_rank(to_tsvector('simple', e.content), q.query) AS score "
-            f"FROM episodes AS e, (SELECT {tsquery} AS query) AS q "
-            f"WHERE {where} ORDER BY score DESC, e.session_id, e.seq LIMIT %s",
-            params,
-        ).fetchall()
-        return [Recalled(row[0], journal.episode_from_row(row[1:7]), float(row[7])) for row in rows]
+        return postgres_recall.search(db, query, session_id, limit, journal.episode_from_row)
+
+    def _rebuild_recall_index(self, db: Db) -> int:
+        return postgres_recall.rebuild(db)
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:

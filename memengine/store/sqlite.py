@@ -11,6 +11,7 @@ timeout), and session leases keep each session to one process.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sqlite3
 import time
@@ -21,13 +22,15 @@ from typing import Any
 import anyio
 
 from ..episode import Episode
+from ..errors import StoreError
 from . import journal, sqlite_recall
 from .base import AppendResult, Completion, Recalled
-from .committer import GroupCommitStore, Operation
+from .committer import GroupCommitStore, Operation, log
 from .dialect import Db, sqlite_dialect
 from .sqlite_schema import migrate
 
 RECALL_INDEX_EVERY = 2000
+RECALL_CATCH_UP_STEP = 2 * RECALL_INDEX_EVERY  # rows indexed in one transaction, at most
 
 
 #: Seconds a write waits for another process's write lock before it fails.
@@ -43,7 +46,7 @@ class SQLiteStore(GroupCommitStore):
         self, conn: sqlite3.Connection, owner: str | None = None, reader: sqlite3.Connection | None = None
     ) -> None:
         super().__init__(conn, sqlite_dialect(), owner, reader)
-        self._unindexed = 0  # episodes appended since recall's index last caught up (this process)
+        self._unindexed = 0  # about how many episodes wait for recall's index (as this process saw them)
 
     def _begin(self, db: Db) -> None:
         # Take the write lock now, waiting for another process's transaction in
@@ -76,12 +79,34 @@ class SQLiteStore(GroupCommitStore):
     def _housekeeping(self) -> Operation[Any] | None:
         if self._unindexed < RECALL_INDEX_EVERY:
             return None
-        # Indexing rows in batches costs a tenth of indexing each commit's few rows.
-        self._unindexed = 0
-        return functools.partial(sqlite_recall.index_pending, limit=RECALL_INDEX_EVERY * 2)
+        # Indexing rows in batches costs a tenth of indexing each commit's few rows. A larger
+        # backlog is worked off a step per commit (and in full by the next recall).
+        self._unindexed = max(0, self._unindexed - RECALL_CATCH_UP_STEP)
+        return functools.partial(sqlite_recall.catch_up, limit=RECALL_CATCH_UP_STEP)
+
+    async def _catch_up_recall_index(self) -> None:
+        # One bounded step per transaction, so that writers go in between. The first step
+        # says how many rows wait; rows stored after it need not wait for this recall.
+        step = functools.partial(sqlite_recall.catch_up, limit=RECALL_CATCH_UP_STEP)
+        waiting = await self._submit(step)
+        for _ in range(math.ceil(waiting / RECALL_CATCH_UP_STEP)):
+            waiting = await self._submit(step)
+        self._unindexed = waiting
 
     def _search(self, db: Db, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        return sqlite_recall.recall(db, query, session_id, limit, journal.episode_from_row)
+        return sqlite_recall.search(db, query, session_id, limit, journal.episode_from_row)
+
+    def _rebuild_recall_index(self, db: Db) -> int:
+        return sqlite_recall.rebuild(db)
+
+    async def _rebuild_damaged_recall_index(self) -> None:
+        """Rebuild a recall index found damaged at open (by an older memengine, say) before a delete meets it."""
+        try:
+            if await self._submit(sqlite_recall.rebuild_if_damaged):
+                log.warning("the recall index was damaged; rebuilt it from the journal")
+        except StoreError as exc:
+            # Adds and reads do not need the index, and recall will try again.
+            log.warning("the recall index is damaged and could not be rebuilt: %s", exc)
 
     def submit_append(
         self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
@@ -147,4 +172,5 @@ async def open_sqlite_store(
     store = SQLiteStore(conn, owner)
 
     async with store.serving(prepare):
+        await store._rebuild_damaged_recall_index()
         yield store

@@ -16,6 +16,22 @@ import sqlite_utils
 
 from ..errors import StoreError
 
+# Full-text recall over the journal (see store/sqlite_recall.py, which also
+# recreates these when it rebuilds a damaged index). Rows are indexed in
+# batches up to a rowid watermark: every live row at or below it is indexed,
+# none above it. A deleted row leaves the index in the same transaction that
+# deletes it, and lowers the watermark so a reused rowid is indexed again.
+RECALL_INDEX = "CREATE VIRTUAL TABLE episodes_fts USING fts5(content, content='episodes', content_rowid='rowid')"
+RECALL_WATERMARK = "CREATE TABLE IF NOT EXISTS fts_state (id INTEGER PRIMARY KEY, indexed_through INTEGER NOT NULL)"
+RECALL_DELETE_TRIGGER = (
+    "CREATE TRIGGER IF NOT EXISTS episodes_fts_delete AFTER DELETE ON episodes BEGIN "
+    "INSERT INTO episodes_fts (episodes_fts, rowid, content) SELECT 'delete', old.rowid, old.content "
+    "  WHERE old.rowid <= (SELECT indexed_through FROM fts_state WHERE id = 1); "
+    "UPDATE fts_state SET indexed_through = "
+    "  min(indexed_through, coalesce((SELECT max(rowid) FROM episodes), 0)) WHERE id = 1; "
+    "END"
+)
+
 
 def _create_journal(db: sqlite_utils.Database) -> None:
     db["sessions"].create(  # type: ignore[union-attr]
@@ -82,21 +98,10 @@ def _add_retain_and_recall(db: sqlite_utils.Database) -> None:
         defaults={"attempts": 0},
     )
     db["retain_outbox"].create_index(["session_id", "id"], index_name="retain_outbox_by_session")  # type: ignore[union-attr]
-    # Full-text recall over the journal. Rows are indexed in batches (see
-    # store/sqlite_recall.py) up to a rowid watermark; a deleted row leaves the
-    # index in the same transaction that deletes it, and lowers the watermark
-    # so a reused rowid is indexed again.
-    db.execute("CREATE VIRTUAL TABLE episodes_fts USING fts5(content, content='episodes', content_rowid='rowid')")
-    db["fts_state"].create({"id": int, "indexed_through": int}, pk="id", not_null={"indexed_through"})  # type: ignore[union-attr]
+    db.execute(RECALL_INDEX)
+    db.execute(RECALL_WATERMARK)
     db.execute("INSERT INTO fts_state (id, indexed_through) VALUES (1, 0)")
-    db.execute(
-        "CREATE TRIGGER episodes_fts_delete AFTER DELETE ON episodes BEGIN "
-        "INSERT INTO episodes_fts (episodes_fts, rowid, content) SELECT 'delete', old.rowid, old.content "
-        "  WHERE old.rowid <= (SELECT indexed_through FROM fts_state WHERE id = 1); "
-        "UPDATE fts_state SET indexed_through = "
-        "  min(indexed_through, coalesce((SELECT max(rowid) FROM episodes), 0)) WHERE id = 1; "
-        "END"
-    )
+    db.execute(RECALL_DELETE_TRIGGER)
 
 
 def _add_leases(db: sqlite_utils.Database) -> None:

@@ -1,0 +1,65 @@
+"""``memengine reindex``: rebuild a store's recall index from its journal.
+
+On SQLite, the FTS5 index is dropped and built again from the episodes, with
+its watermark (and its delete trigger, if it was lost): the repair for an
+index damaged in a way recall cannot see (rows taken out of its middle).
+Recall rebuilds by itself an index it finds damaged, and so does opening a
+store; this command is for the rest. On PostgreSQL, the GIN text index is
+rebuilt with ``REINDEX``; PostgreSQL keeps that index in the transaction
+that writes each row, so it is only needed after a fault of the database
+itself. Writers wait while the index is rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import anyio
+
+from ..store.open import is_postgres_url, open_store
+from .failures import EXPECTED_FAILURES, first_failure
+from .store_file import store_file_problem
+
+DESCRIPTION = (
+    "Rebuild the recall (full-text) index of a memengine store from its stored episodes: FTS5 on SQLite, "
+    "REINDEX of the text index on PostgreSQL. Episodes, summaries and sessions are left as they are."
+)
+
+
+def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subcommands.add_parser(
+        "reindex", help="rebuild a store's recall index from its episodes", description=DESCRIPTION
+    )
+    parser.add_argument(
+        "db", metavar="DB", help="a memengine SQLite file (never created by reindex), or a postgresql:// URL"
+    )
+    parser.set_defaults(run=run)
+
+
+async def rebuild(db: str) -> int:
+    """Rebuild the recall index of the store at ``db``; return how many episodes it holds."""
+    async with open_store(db) as store:
+        return await store.rebuild_recall_index()
+
+
+def run(options: argparse.Namespace) -> int:
+    """Rebuild and say so in one line; 2 if DB is not a store, 1 if the rebuild failed."""
+    db: str = options.db
+    problem = None if is_postgres_url(db) else store_file_problem(Path(db))
+    if problem is not None:
+        print(f"memengine reindex: cannot read {db}: {problem}", file=sys.stderr)
+        return 2
+    failure: BaseException | None = None
+    indexed: int | None = None
+    try:
+        indexed = anyio.run(rebuild, db)
+    except* EXPECTED_FAILURES as group:
+        failure = first_failure(group)
+    if failure is not None or indexed is None:
+        reason = " ".join(str(failure).split())  # one line, whatever the driver's message spans
+        print(f"memengine reindex: could not rebuild the recall index of {db}: {reason}", file=sys.stderr)
+        return 1
+    print(f"rebuilt the recall index of {db}: {indexed} episode{'s' if indexed != 1 else ''} indexed")
+    return 0
