@@ -30,7 +30,7 @@ from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
 from . import journal, leases, outbox
-from .base import AppendResult, Completion, OutboxEntry, OutboxState, Recalled, SessionRow, SessionSnapshot
+from .base import AppendResult, Completion, DueRetains, OutboxEntry, OutboxState, Recalled, SessionRow, SessionSnapshot
 from .dialect import Db, Dialect
 
 T = TypeVar("T")
@@ -397,14 +397,20 @@ class GroupCommitStore:
     async def pending_retains(self, limit: int) -> list[OutboxEntry]:
         return await self._submit(lambda db: outbox.pending(db, limit, journal.episode_from_row), writes=False)
 
+    async def due_retains(self, limit: int, *, ignore_backoff: bool = False) -> DueRetains:
+        return await self._submit(lambda db: outbox.due(db, self.owner, limit, ignore_backoff), writes=False)
+
     async def claim_retain(self, entry_id: int, key: str, ttl: float) -> OutboxEntry | outbox.Unclaimable:
         return await self._submit(lambda db: outbox.claim(db, entry_id, key, self.owner, ttl, journal.episode_from_row))
+
+    async def extend_retain_claim(self, entry_id: int, key: str, ttl: float) -> bool:
+        return await self._submit(lambda db: outbox.extend_claim(db, entry_id, key, self.owner, ttl))
 
     async def mark_retained(self, entry_id: int, key: str) -> None:
         await self._submit(lambda db: outbox.mark_delivered(db, entry_id, key))
 
-    async def mark_retain_failed(self, entry_id: int, key: str, error: str) -> None:
-        await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, error))
+    async def mark_retain_failed(self, entry_id: int, key: str, error: str, retry_in: float = 0.0) -> None:
+        await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, self.owner, error, retry_in))
 
     async def outbox_state(self) -> OutboxState:
         return await self._submit(outbox.state, writes=False)

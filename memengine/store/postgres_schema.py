@@ -59,7 +59,13 @@ def _statements(*statements: str) -> Callable[[Any], None]:
     return migration
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_statements(*_JOURNAL)]
+_RETAIN_RETRY_TIMES = (
+    # When a refused batch may be tried again (unix seconds, the database's clock;
+    # NULL: at once). Every process sharing the store leaves it alone until then.
+    "ALTER TABLE retain_outbox ADD COLUMN retry_at double precision",
+)
+
+MIGRATIONS: list[Callable[[Any], None]] = [_statements(*_JOURNAL), _statements(*_RETAIN_RETRY_TIMES)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
