@@ -44,7 +44,10 @@ class SessionConfig:
     tried again ``summarize_retry_later`` seconds later. ``summarize_batch_max``
     caps how many episodes go into one summarizer call; ``summarize_timeout``
     bounds one call (a call that takes longer counts as a failed attempt). The ``retain_*``
-    settings do the same for deliveries to the retain sink.
+    settings do the same for deliveries to the retain sink: ``retain_timeout``
+    bounds one sink call (it is cancelled then, and the batch is retried), and a
+    refused batch waits out its backoff, then ``retain_retry_later``, recorded in
+    the store, so every process sharing it waits too; other sessions go on meanwhile.
     ``max_content_chars`` and ``max_metadata_bytes`` (metadata as UTF-8 JSON)
     bound what one episode may hold: ``add`` refuses a larger one with
     ``ValueError`` and stores nothing of that call.
@@ -77,6 +80,7 @@ class SessionConfig:
     retain_backoff: float = attrs.field(default=0.5, validator=_positive_seconds)
     retain_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)
     retain_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
+    retain_timeout: float = attrs.field(default=60.0, validator=_positive_seconds)
     lease_ttl: float = attrs.field(default=10.0, validator=_positive_seconds)
     lease_wait: float = attrs.field(default=12.0, validator=_non_negative_seconds)
     mailbox_capacity: int = attrs.field(default=1000, validator=_positive_int)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import anyio
@@ -25,3 +26,17 @@ def backoff_retrying(
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+def retry_delay(failures: int, attempts: int, backoff: float, backoff_max: float, retry_later: float) -> float:
+    """Seconds to wait after the ``failures``-th failure in a row, in rounds of ``attempts`` tries.
+
+    The same policy as :func:`backoff_retrying`, for failures counted in a
+    store rather than in one loop: between the tries of a round, exponential
+    backoff with full jitter; after a round's last try, ``retry_later``; then
+    a new round.
+    """
+    tried = failures % attempts
+    if tried == 0:
+        return retry_later
+    return random.uniform(0, min(backoff_max, backoff * 2.0 ** min(tried - 1, 64)))

@@ -547,7 +547,7 @@ async def test_a_store_failure_on_the_way_out_is_logged_and_the_tail_handed_on_n
 
 
 DELIVERY_STATEMENTS = {
-    "reading the outbox": ("SELECT id, session_id, first_seq", 0),
+    "reading the outbox": ("SELECT o.id, o.session_id, o.key FROM retain_outbox", 0),
     "recording a delivery": ("DELETE FROM retain_outbox WHERE id", 0),
     "recording a failed delivery": ("UPDATE retain_outbox SET attempts", 1),
 }

@@ -2,40 +2,56 @@
 
 It runs under the engine's task group, apart from every writer: ``add`` and
 ``close`` only record batches in the outbox, so a slow or failing sink cannot
-slow them. Batches of one session go out in order (a session's later batch
-waits while an earlier one is failing); sessions are served concurrently. A
-batch leaves the outbox only after the sink returned; one the sink refuses is
-retried with backoff and jitter, then again after ``retain_retry_later``
-seconds, and after a restart. The batch's ``key`` lets a sink drop a batch it
-stored but could not acknowledge (a crash between the two).
+slow them. A batch leaves the outbox only after the sink returned. The
+batch's ``key`` lets a sink drop a batch it stored but could not acknowledge
+(a crash between the two).
+
+Sessions are independent: a failing, hung or crowded session delays only
+itself. The actor reads the oldest batch of each session that is due (see
+``outbox.due``), oldest first, and works on up to ``_CONCURRENT_SESSIONS``
+sessions at once, one batch of a session at a time, so each session's batches
+go out in order. Nothing waits for a whole pass: when a batch is done, its slot
+goes to the next due session. A sink call lasts at most ``retain_timeout``.
+A refused batch (a timeout counts as a refusal) gets a retry time in the
+outbox, which every process honours, and its session drops out of selection
+until then: within a round of ``retain_attempts`` calls the wait grows
+exponentially with jitter, after a round it is ``retain_retry_later``.
+
+The actor wakes when a batch is recorded (``notify``), when a session's turn
+ends, at the earliest retry time or lapse of another process's claim it saw,
+and at least every ``retain_retry_later`` seconds (for batches another process
+recorded). At engine start and in :meth:`RetainDelivery.drain` at exit,
+batches waiting for their retry time are tried at once.
 
 Where several processes share the store, each runs a delivery actor: a batch
 is sent only under a claim (see store/outbox.py), which only the oldest batch
-of a session can get, so each session's batches still go out once and in
-order; a dead process's claim lapses after ``CLAIM_SECONDS``.
+of a session can get; the claim is extended while the call lasts, and a dead
+process's claim lapses after ``CLAIM_SECONDS``.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+import math
 import time
-from collections import defaultdict
+from collections import deque
 from collections.abc import Awaitable
-from typing import Literal
 
 import anyio
 import attrs
-import tenacity
 
 from ..config import SessionConfig
-from ..retrying import backoff_retrying
-from ..store.base import OutboxEntry, OutboxState, Store
+from ..retrying import retry_delay
+from ..store.base import DueBatch, DueRetains, OutboxEntry, OutboxState, Store
 from .batch import RetainBatch, RetainSink
 
 log = logging.getLogger("memengine.retain")
 
-_BATCH_LIMIT = 500
+#: Sessions one process delivers at once (one batch each).
 _CONCURRENT_SESSIONS = 8
+#: Due batches read from the outbox at once; what falls due meanwhile is read when they are handed out.
+_WINDOW = 256
 #: How long a claim on a batch lasts; it is extended every third of this while a sink call runs.
 CLAIM_SECONDS = 60.0
 
@@ -49,6 +65,13 @@ def _batch(entry: OutboxEntry) -> RetainBatch:
         key=entry.key,
         mode=entry.mode,  # type: ignore[arg-type]
     )
+
+
+def _own_error(error: Exception) -> Exception:
+    """The sink's error itself, out of the single-error groups a task group wraps it in."""
+    while isinstance(error, ExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 @attrs.frozen
@@ -66,147 +89,173 @@ class RetainMetrics:
         return cls(outbox.depth, age, delivered, failures)
 
 
+class _CallEnd(enum.Enum):
+    RETURNED = "the sink returned: it has the batch"
+    CLAIM_LOST = "the claim was lost mid-call: the batch is another process's now, or gone"
+
+
+@attrs.define
+class _Call:
+    """A sink call in flight: the claim keeper extends its claim, and cancels it if the claim is lost."""
+
+    entry_id: int
+    key: str
+    scope: anyio.CancelScope
+
+
 class RetainDelivery:
+    """This process's delivery of the outbox to the sink: :meth:`run` while the engine runs, :meth:`drain` at exit.
+
+    ``delivered`` and ``failures`` count sink calls that returned and that
+    failed (timeouts included) in this process.
+    """
+
     def __init__(self, store: Store, sink: RetainSink, config: SessionConfig) -> None:
         self._store = store
         self._sink = sink
         self._config = config
-        self._work = anyio.Event()
-        # One pass at a time: two passes reading the same outbox rows would send them twice.
-        self._pass = anyio.Lock()
+        self._changed = anyio.Event()
+        # Sessions with a batch in hand in this process; shared by run() and drain(), so a
+        # session is never delivered twice at once and the concurrency bound holds for both.
+        self._delivering: set[str] = set()
+        self._calls: dict[int, _Call] = {}
         self.delivered = 0
         self.failures = 0
 
     def notify(self) -> None:
-        """New batches are in the outbox (called after they are committed)."""
-        self._work.set()
+        """New batches are in the outbox (called after they are committed), or a session's turn ended."""
+        self._changed.set()
+        self._changed = anyio.Event()
 
     async def run(self) -> None:
-        while True:
-            self._work = anyio.Event()
-            delivered_all = await self.deliver_pending()
-            if delivered_all:
-                await self._work.wait()
-            else:
-                with anyio.move_on_after(self._config.retain_retry_later):
-                    await self._work.wait()
+        """Deliver for as long as the engine runs (until cancelled)."""
+        await _Schedule(self, draining=False).run()
 
     async def drain(self, grace: float) -> bool:
         """Deliver until nothing this process may send is left, or ``grace`` seconds passed.
 
-        True if everything was delivered (batches other processes hold are theirs).
+        Batches waiting for their retry time are tried too, and a batch refused
+        now is tried again every ``retain_backoff`` seconds. Batches other
+        processes hold are theirs. True if everything was delivered. A sink's
+        error never escapes.
         """
         with anyio.move_on_after(grace):
             try:
-                while True:
-                    if await self.deliver_pending(busy_is_done=True):
-                        break
-                    await anyio.sleep(min(self._config.retain_backoff, grace))  # back off before retrying
+                await _Schedule(self, draining=True).run()
             except Exception:
                 log.exception("delivering the outbox at shutdown failed; the rest is delivered at the next start")
                 return False
             return True
         return False
 
-    async def deliver_pending(self, *, busy_is_done: bool = False) -> bool:
-        """One pass over the outbox; True if everything seen was delivered.
-
-        With ``busy_is_done``, batches another process holds count as done.
-        """
-        async with self._pass:
-            return await self._deliver_pass(busy_is_done)
-
-    async def _deliver_pass(self, busy_is_done: bool) -> bool:
+    async def _read_due(self, limit: int, ignore_backoff: bool) -> DueRetains | None:
         try:
-            entries = await self._store.pending_retains(_BATCH_LIMIT)
+            return await self._store.due_retains(limit, ignore_backoff=ignore_backoff)
         except Exception:
             log.exception("reading the retain outbox failed; delivery is retried later")
-            return False
-        by_session: dict[str, list[OutboxEntry]] = defaultdict(list)
-        for entry in entries:
-            by_session[entry.session_id].append(entry)
-        outcome = {"all_delivered": True}
-        slots = anyio.CapacityLimiter(_CONCURRENT_SESSIONS)
+            return None
 
-        async def deliver_session(batches: list[OutboxEntry]) -> None:
-            async with slots:
-                for entry in batches:  # in order: stop at the first one not delivered
-                    delivered = await self._deliver(entry)
-                    if delivered is not True:
-                        if not (delivered == "busy" and busy_is_done):
-                            outcome["all_delivered"] = False
-                        return
+    async def _deliver(self, due: DueBatch) -> float | None:
+        """Claim one batch and hand it to the sink.
 
-        async with anyio.create_task_group() as sessions:
-            for batches in by_session.values():
-                sessions.start_soon(deliver_session, batches)
-        return outcome["all_delivered"] and len(entries) < _BATCH_LIMIT
-
-    async def _deliver(self, entry: OutboxEntry) -> bool | Literal["busy"]:
-        """Send one batch (retrying); True once it is delivered or no longer exists.
-
-        ``"busy"`` if another process holds it (or an earlier batch of its session).
+        Returns None once the batch is delivered or not this process's to send,
+        else the seconds after which its session should be tried again.
         """
         config = self._config
-        retrying = backoff_retrying(
-            config.retain_attempts, config.retain_backoff, config.retain_backoff_max, self._count_failure
-        )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    # Read the batch again before every call: a clear or delete
-                    # since the pass began may have revised or dropped it, and a
-                    # deleted episode must not be handed on after the delete returned.
-                    current = await self._store.claim_retain(entry.id, entry.key, CLAIM_SECONDS)
-                    if current == "gone":
-                        return True
-                    if current == "busy":
-                        return "busy"
-                    if not await self._send_holding_claim(current):  # type: ignore[arg-type]
-                        return "busy"  # the claim lapsed mid-call: another process sends it now
-        except Exception as exc:
-            self.failures += 1
-            log.error(
-                "retain of session %r seqs %d..%d failed; it stays in the outbox and is retried in %ss",
-                entry.session_id,
-                entry.first_seq,
-                entry.last_seq,
-                config.retain_retry_later,
-                exc_info=exc,
-            )
-            await self._record(self._store.mark_retain_failed(entry.id, entry.key, repr(exc)))
-            return False
-        self.delivered += 1
-        # If recording the delivery fails, the batch is sent again later with the same key.
-        return await self._record(self._store.mark_retained(entry.id, entry.key))
+            # Claim, and so read, the batch right before the call: a clear or delete since it
+            # was found may have revised or dropped it, and a deleted episode must not be
+            # handed on after the delete returned.
+            entry = await self._store.claim_retain(due.id, due.key, CLAIM_SECONDS)
+        except Exception:
+            log.exception("claiming a retain batch failed; it is tried again later")
+            return config.retain_backoff
+        if isinstance(entry, str):
+            return None  # gone (delivered, cleared, deleted), or another process holds it
+        outcome = await self._call_sink(entry)
+        if outcome is _CallEnd.CLAIM_LOST:
+            return None
+        if outcome is _CallEnd.RETURNED:
+            self.delivered += 1
+            # If recording the delivery fails, the batch is sent again later with the same key.
+            recorded = await self._record(self._store.mark_retained(entry.id, entry.key))
+            return None if recorded else config.retain_backoff
+        return await self._failed(entry, outcome)
 
-    async def _send_holding_claim(self, entry: OutboxEntry) -> bool:
-        """Hand the batch to the sink, extending the claim while the call lasts.
+    async def _call_sink(self, entry: OutboxEntry) -> _CallEnd | Exception:
+        """Hand the batch to the sink, for at most ``retain_timeout``, while its claim is kept.
 
-        False if the claim could not be extended (this process was paused past
-        it, and another took the batch over): the call is then cancelled.
+        The sink runs in this task, not under a task group here, so its error
+        comes out as it was raised (a task group wraps it in a group, and a
+        cancellation arriving meanwhile would join that group).
         """
-        lost = False
+        timeout = self._config.retain_timeout
+        call = _Call(entry.id, entry.key, anyio.CancelScope())
+        self._calls[entry.id] = call
+        try:
+            with call.scope:
+                with anyio.move_on_after(timeout):
+                    await self._sink.retain(_batch(entry))
+                    return _CallEnd.RETURNED
+                return TimeoutError(f"the sink did not return within retain_timeout ({timeout:g}s); call cancelled")
+            return _CallEnd.CLAIM_LOST
+        except Exception as exc:
+            return _own_error(exc)
+        except BaseExceptionGroup as group:
+            # The sink's own task group met a cancellation. Its error counts as a failure;
+            # a cancellation of ours is raised again at the next checkpoint (recording it).
+            errors, rest = group.split(Exception)
+            if errors is None or (rest is not None and rest.split(anyio.get_cancelled_exc_class())[1] is not None):
+                raise
+            return _own_error(errors)
+        finally:
+            del self._calls[entry.id]
 
-        async def hold(scope: anyio.CancelScope) -> None:
-            nonlocal lost
-            while True:
-                await anyio.sleep(CLAIM_SECONDS / 3)
+    async def _failed(self, entry: OutboxEntry, error: Exception) -> float:
+        """Count and log a refused call, and record it with the batch's retry time; return that delay."""
+        config = self._config
+        self.failures += 1
+        attempt = entry.attempts + 1
+        retry_in = retry_delay(
+            attempt, config.retain_attempts, config.retain_backoff, config.retain_backoff_max, config.retain_retry_later
+        )
+        end_of_round = attempt % config.retain_attempts == 0
+        log.log(
+            logging.ERROR if end_of_round else logging.WARNING,
+            "retain of session %r seqs %d..%d failed (attempt %d): %r; it stays in the outbox, retried in %.2fs",
+            entry.session_id,
+            entry.first_seq,
+            entry.last_seq,
+            attempt,
+            error,
+            retry_in,
+        )
+        log.debug(
+            "the retain sink's traceback (session %r seqs %d..%d)",
+            entry.session_id,
+            entry.first_seq,
+            entry.last_seq,
+            exc_info=error,
+        )
+        await self._record(self._store.mark_retain_failed(entry.id, entry.key, repr(error), retry_in))
+        return retry_in
+
+    async def _keep_claims(self) -> None:
+        """Every third of ``CLAIM_SECONDS``, extend the claim of every batch whose sink call is in flight.
+
+        A claim that could not be extended (this process was paused past it, or
+        a clear dropped the batch) cancels its call: the batch is no longer ours to send.
+        """
+        while True:
+            await anyio.sleep(CLAIM_SECONDS / 3)
+            for call in list(self._calls.values()):
                 try:
-                    again = await self._store.claim_retain(entry.id, entry.key, CLAIM_SECONDS)
+                    kept = await self._store.extend_retain_claim(call.entry_id, call.key, CLAIM_SECONDS)
                 except Exception:
                     log.exception("extending a retain claim failed; the call goes on")
                     continue
-                if isinstance(again, str):
-                    lost = True
-                    scope.cancel()
-                    return
-
-        async with anyio.create_task_group() as sending:
-            sending.start_soon(hold, sending.cancel_scope)
-            await self._sink.retain(_batch(entry))
-            sending.cancel_scope.cancel()
-        return not lost
+                if not kept:
+                    call.scope.cancel()
 
     @staticmethod
     async def _record(operation: Awaitable[None]) -> bool:
@@ -217,12 +266,75 @@ class RetainDelivery:
             return False
         return True
 
-    def _count_failure(self, state: tenacity.RetryCallState) -> None:
-        self.failures += 1
-        outcome = state.outcome
-        log.warning(
-            "retain sink failed (attempt %d: %r); retrying in %.2fs",
-            state.attempt_number,
-            outcome.exception() if outcome is not None else None,
-            state.upcoming_sleep,
-        )
+
+class _Schedule:
+    """One delivery loop (the engine's, or the drain at exit): hands due sessions to workers."""
+
+    def __init__(self, delivery: RetainDelivery, *, draining: bool) -> None:
+        self._delivery = delivery
+        self._draining = draining
+        self._window: deque[DueBatch] = deque()  # read as due, not handed out yet; oldest first
+        # Sessions this loop leaves alone until then (anyio's clock), after a failure:
+        # whatever the store could record, a refused session is not retried at once.
+        self._paused: dict[str, float] = {}
+
+    async def run(self) -> None:
+        """Until cancelled; when draining, until nothing this process may send is left."""
+        delivery, config = self._delivery, self._delivery._config
+        ignore_backoff = True  # the first read (at start and at exit) tries batches waiting for a retry
+        async with anyio.create_task_group() as workers:
+            workers.start_soon(delivery._keep_claims)
+            while True:
+                changed = delivery._changed
+                # Running, look again at least every retain_retry_later: another process may
+                # have recorded batches (no notification reaches this one). Draining, only
+                # this process's own batches matter: a call ending or a pause ending.
+                wait = math.inf if self._draining else config.retain_retry_later
+                self._unpause()
+                if not self._window:
+                    limit = _WINDOW + len(delivery._delivering) + len(self._paused)
+                    due = await delivery._read_due(limit, ignore_backoff or self._draining)
+                    if due is None:
+                        wait = config.retain_backoff if self._draining else config.retain_retry_later
+                    else:
+                        ignore_backoff = False
+                        if self._draining and not due.batches and not delivery._delivering:
+                            workers.cancel_scope.cancel()
+                            return
+                        self._window.extend(
+                            batch
+                            for batch in due.batches
+                            if batch.session_id not in delivery._delivering and batch.session_id not in self._paused
+                        )
+                        if due.next_due_in is not None:
+                            wait = min(wait, due.next_due_in)
+                while self._window and len(delivery._delivering) < _CONCURRENT_SESSIONS:
+                    batch = self._window.popleft()
+                    if batch.session_id not in delivery._delivering:  # the other loop may have it
+                        delivery._delivering.add(batch.session_id)
+                        workers.start_soon(self._deliver_head, batch)
+                if self._paused and not self._window:
+                    wait = min(wait, min(self._paused.values()) - anyio.current_time())
+                with anyio.move_on_after(max(wait, 0.0)):
+                    await changed.wait()
+
+    def _unpause(self) -> None:
+        now = anyio.current_time()
+        for session_id in [session_id for session_id, until in self._paused.items() if until <= now]:
+            del self._paused[session_id]
+
+    async def _deliver_head(self, batch: DueBatch) -> None:
+        delivery = self._delivery
+        retry_in: float | None = None
+        try:
+            retry_in = await delivery._deliver(batch)
+        except Exception:
+            log.exception("delivering a retain batch failed unexpectedly; it is tried again later")
+            retry_in = delivery._config.retain_retry_later
+        finally:
+            if retry_in is not None:
+                if self._draining:
+                    retry_in = min(retry_in, delivery._config.retain_backoff)
+                self._paused[batch.session_id] = anyio.current_time() + retry_in
+            delivery._delivering.discard(batch.session_id)
+            delivery.notify()

@@ -84,6 +84,23 @@ class OutboxEntry:
 
 
 @attrs.frozen
+class DueBatch:
+    """An outbox batch that may be sent now: what it takes to claim it."""
+
+    id: int
+    session_id: str
+    key: str
+
+
+@attrs.frozen
+class DueRetains:
+    """Batches that may be sent now, oldest first, and when the next of the others falls due."""
+
+    batches: tuple[DueBatch, ...]
+    next_due_in: float | None  # seconds until a batch waiting now becomes due; None if none waits
+
+
+@attrs.frozen
 class OutboxState:
     """How much is waiting for the retain sink."""
 
@@ -200,6 +217,15 @@ class Store(Protocol):
     async def pending_retains(self, limit: int) -> list[OutboxEntry]:
         """Undelivered batches, oldest first."""
 
+    async def due_retains(self, limit: int, *, ignore_backoff: bool = False) -> DueRetains:
+        """The oldest batch of each session that may be sent now, oldest first (at most ``limit``; a read).
+
+        A batch is due when no earlier batch of its session is left, no other
+        live process holds its claim, and its retry time has come (unless
+        ``ignore_backoff``). Also says in how many seconds the next batch not
+        due now becomes due (a retry time comes, another process's claim lapses).
+        """
+
     async def claim_retain(self, entry_id: int, key: str, ttl: float) -> OutboxEntry | Literal["gone", "busy"]:
         """Claim a batch for sending, and return it as it stands now.
 
@@ -207,11 +233,18 @@ class Store(Protocol):
         another process holds it, or an earlier batch of its session.
         """
 
-    async def mark_retained(self, entry_id: int, key: str) -> None:
-        """The sink accepted the batch: remove it from the outbox."""
+    async def extend_retain_claim(self, entry_id: int, key: str, ttl: float) -> bool:
+        """Extend this process's live claim on the batch to ``ttl`` from now; False if it lapsed or is gone."""
 
-    async def mark_retain_failed(self, entry_id: int, key: str, error: str) -> None:
-        """The sink refused the batch: count the attempt, keep the batch, let the claim go."""
+    async def mark_retained(self, entry_id: int, key: str) -> None:
+        """The sink accepted the batch: remove it from the outbox (whoever holds its claim)."""
+
+    async def mark_retain_failed(self, entry_id: int, key: str, error: str, retry_in: float = 0.0) -> None:
+        """The sink refused the batch: count the attempt, keep the batch, let this process's claim go.
+
+        The batch is due again ``retry_in`` seconds from now. Nothing changes
+        if another process holds a live claim on it (this process's lapsed).
+        """
 
     async def outbox_state(self) -> OutboxState:
         """How many batches wait, and since when."""

@@ -33,12 +33,13 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 
@@ -49,6 +50,7 @@ from . import journal, leases, outbox
 from .base import (
     AppendResult,
     Completion,
+    DueRetains,
     OutboxEntry,
     OutboxState,
     Recalled,
@@ -101,6 +103,15 @@ class _Submission:
         self.error: BaseException | None = None
 
 
+class _Read(Generic[T]):
+    """One read on the read connection (its identity tells whether it is the one running)."""
+
+    __slots__ = ("operation",)
+
+    def __init__(self, operation: Operation[T]) -> None:
+        self.operation = operation
+
+
 class GroupCommitStore:
     """A store over one blocking DB-API connection; see :class:`~memengine.store.base.Store`.
 
@@ -122,7 +133,11 @@ class GroupCommitStore:
         self._committer_scope = anyio.CancelScope(shield=True)
         self._committer_done = anyio.Event()
         self._thread_slot = anyio.CapacityLimiter(1)
-        self._reader_slot = anyio.CapacityLimiter(1)
+        self._reader_slot = anyio.CapacityLimiter(1)  # closing the reader waits for no other thread
+        self._read_lock = threading.Lock()
+        self._read_lock_state = threading.Lock()
+        self._running_read: _Read[Any] | None = None
+        self._reads_in_flight = 0
         self._transient = False  # set (in the worker thread) when an operation met a deadlock
 
     # -- backend hooks -------------------------------------------------------
@@ -144,6 +159,9 @@ class GroupCommitStore:
 
     def _interrupt(self) -> None:
         """Make the statement running in the worker thread fail soon (called from the event loop)."""
+
+    def _interrupt_reads(self) -> None:
+        """Make the statement running on the read connection fail soon (called from the event loop)."""
 
     def _reader_connection(self) -> Any:
         """The read connection, reconnected if it was lost."""
@@ -187,23 +205,45 @@ class GroupCommitStore:
         return submission.result  # type: ignore[no-any-return]
 
     async def _read(self, operation: Operation[T]) -> T:
-        """Run ``operation`` in a read-only transaction on the read connection."""
+        """Run ``operation`` in a read-only transaction on the read connection.
+
+        A checkpoint. If the caller is cancelled, the read is interrupted and
+        left behind (a read changes nothing), so a read stuck on a lock never
+        holds up its caller's cancellation, nor the engine's exit.
+        """
         if self._reader is None:
             return await self._submit(operation)
         if self._closing:
             raise EngineClosedError("the store is closed")
-        return await anyio.to_thread.run_sync(self._run_read, operation, limiter=self._reader_slot)
-
-    def _run_read(self, operation: Operation[T]) -> T:
-        db = Db(self._reader_connection(), self._dialect)
+        read = _Read(operation)
+        self._reads_in_flight += 1
         try:
-            self._begin_read(db)
+            return await anyio.to_thread.run_sync(self._run_read, read, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            with self._read_lock_state:
+                still_running = self._running_read is read
+            if still_running:
+                self._interrupt_reads()
+            raise
+        finally:
+            self._reads_in_flight -= 1
+
+    def _run_read(self, read: _Read[T]) -> T:
+        with self._read_lock:  # one thread at a time on the read connection (an abandoned read may still run)
+            with self._read_lock_state:
+                self._running_read = read
             try:
-                return operation(db)
+                db = Db(self._reader_connection(), self._dialect)
+                self._begin_read(db)
+                try:
+                    return read.operation(db)
+                finally:
+                    db.execute("ROLLBACK")  # it wrote nothing
+            except self._dialect.errors as exc:
+                raise StoreError(f"reading the store failed: {exc}") from exc
             finally:
-                db.execute("ROLLBACK")  # it wrote nothing
-        except self._dialect.errors as exc:
-            raise StoreError(f"reading the store failed: {exc}") from exc
+                with self._read_lock_state:
+                    self._running_read = None
 
     def _take_batch(self) -> list[_Submission]:
         """The next transaction's operations: every urgent one, then queued ones up to the bounds."""
@@ -452,6 +492,15 @@ class GroupCommitStore:
         self._closing = True
         self._queue_filled.set()
         with anyio.CancelScope(shield=True):
+            try:
+                return await self._finish_or_interrupt(grace)
+            finally:
+                if self._reads_in_flight:
+                    # Nothing waits for a read once the store closes; one stuck on a lock must not hold it open.
+                    self._interrupt_reads()
+
+    async def _finish_or_interrupt(self, grace: float) -> bool:
+        with anyio.CancelScope(shield=True):
             with anyio.move_on_after(max(grace, 0.0)):
                 await self._committer_done.wait()
                 return True
@@ -497,10 +546,16 @@ class GroupCommitStore:
                     await anyio.to_thread.run_sync(self._close_reader, limiter=self._reader_slot)
 
     def _close_reader(self) -> None:
+        # After a read still running has returned (it was interrupted); one that does not is left behind.
+        if not self._read_lock.acquire(timeout=_INTERRUPT_WAIT):
+            log.error("a read of the store did not return after an interrupt; leaving its connection open")
+            return
         try:
             self._reader.close()
         except self._dialect.errors:
             pass
+        finally:
+            self._read_lock.release()
 
     # -- sessions --------------------------------------------------------------
 
@@ -582,14 +637,20 @@ class GroupCommitStore:
     async def pending_retains(self, limit: int) -> list[OutboxEntry]:
         return await self._read(lambda db: outbox.pending(db, limit, journal.episode_from_row))
 
+    async def due_retains(self, limit: int, *, ignore_backoff: bool = False) -> DueRetains:
+        return await self._read(lambda db: outbox.due(db, self.owner, limit, ignore_backoff))
+
     async def claim_retain(self, entry_id: int, key: str, ttl: float) -> OutboxEntry | outbox.Unclaimable:
         return await self._submit(lambda db: outbox.claim(db, entry_id, key, self.owner, ttl, journal.episode_from_row))
+
+    async def extend_retain_claim(self, entry_id: int, key: str, ttl: float) -> bool:
+        return await self._submit(lambda db: outbox.extend_claim(db, entry_id, key, self.owner, ttl))
 
     async def mark_retained(self, entry_id: int, key: str) -> None:
         await self._submit(lambda db: outbox.mark_delivered(db, entry_id, key))
 
-    async def mark_retain_failed(self, entry_id: int, key: str, error: str) -> None:
-        await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, error))
+    async def mark_retain_failed(self, entry_id: int, key: str, error: str, retry_in: float = 0.0) -> None:
+        await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, self.owner, error, retry_in))
 
     async def outbox_state(self) -> OutboxState:
         return await self._read(outbox.state)

@@ -6,7 +6,8 @@ session's ``retained_through`` watermark (read under a row lock), so an
 episode enters the outbox exactly once; a row leaves the outbox only after
 the sink accepted it. Where several processes share the store, a batch is
 sent only by the process holding its claim, and only while it is the
-oldest batch of its session (so each session's batches go out in order).
+oldest batch of its session (so each session's batches go out in order). A
+refused batch carries a retry time, before which no process picks it up.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Literal
 from ..episode import Episode
 from ..retain.batch import RetainMode, retain_key
 from . import leases, unfinished
-from .base import OutboxEntry, OutboxState
+from .base import DueBatch, DueRetains, OutboxEntry, OutboxState
 from .dialect import Db
 
 EpisodeFromRow = Callable[[tuple], Episode]
@@ -156,6 +157,41 @@ def pending(db: Db, limit: int, episode_from_row: EpisodeFromRow) -> list[Outbox
     ]
 
 
+# Conditions on outbox rows ``o``. Only the oldest batch of a session may be sent (see claim).
+_OLDEST_OF_SESSION = "o.id IN (SELECT min(id) FROM retain_outbox GROUP BY session_id)"
+#: No other process holds a live claim on it (``?``: this process).
+_NOT_HELD_ELSEWHERE = "(o.claimed_by IS NULL OR o.claimed_by = ? OR o.claim_until <= {now})"
+_RETRY_TIME_CAME = "(o.retry_at IS NULL OR o.retry_at <= {now})"
+#: When another process's claim on it lapses (``?``: this process); 0 if none holds it.
+_OTHER_CLAIM_UNTIL = "CASE WHEN o.claimed_by <> ? THEN o.claim_until ELSE 0 END"
+
+
+def due(db: Db, owner: str, limit: int, ignore_backoff: bool) -> DueRetains:
+    """The oldest batch of each session ``owner`` may send now, oldest first, and when the next falls due.
+
+    Reads only. A batch is due when it is the oldest of its session, no other
+    live process holds its claim, and (unless ``ignore_backoff``) its retry
+    time has come. ``next_due_in`` is the time until the earliest such oldest
+    batch that is not due now becomes due.
+    """
+    ready = _NOT_HELD_ELSEWHERE if ignore_backoff else _NOT_HELD_ELSEWHERE + " AND " + _RETRY_TIME_CAME
+    batches = tuple(
+        DueBatch(entry_id, session_id, key)
+        for entry_id, session_id, key in db.execute(
+            "SELECT o.id, o.session_id, o.key FROM retain_outbox AS o "
+            "WHERE " + _OLDEST_OF_SESSION + " AND " + ready + " ORDER BY o.id LIMIT ?",
+            (owner, limit),
+        ).fetchall()
+    )
+    due_at = _OTHER_CLAIM_UNTIL if ignore_backoff else "{greatest}(coalesce(o.retry_at, 0), " + _OTHER_CLAIM_UNTIL + ")"
+    (next_due_in,) = db.execute(
+        "SELECT min(" + due_at + ") - {now} FROM retain_outbox AS o "
+        "WHERE " + _OLDEST_OF_SESSION + " AND " + due_at + " > {now}",
+        (owner, owner),
+    ).fetchone()
+    return DueRetains(batches, None if next_due_in is None else float(next_due_in))
+
+
 #: Why a batch cannot be sent now: it is gone (delivered, or dropped by a
 #: clear/delete), or another process holds it or an earlier batch of its session.
 Unclaimable = Literal["gone", "busy"]
@@ -199,16 +235,36 @@ def _entry(row: tuple, episode_from_row: EpisodeFromRow) -> OutboxEntry:
 # later batch, which a delivery still in flight for the old row must not touch.
 
 
+def extend_claim(db: Db, entry_id: int, key: str, owner: str, ttl: float) -> bool:
+    """Extend ``owner``'s live claim on the batch to ``ttl`` seconds from now; False if it lapsed or is gone.
+
+    Never takes a claim: after the sink call it guards has ended, it can only fail.
+    """
+    cursor = db.execute(
+        "UPDATE retain_outbox SET claim_until = {now} + ? "
+        "WHERE id = ? AND key = ? AND claimed_by = ? AND claim_until > {now}",
+        (ttl, entry_id, key, owner),
+    )
+    return bool(cursor.rowcount == 1)
+
+
 def mark_delivered(db: Db, entry_id: int, key: str) -> None:
+    """The sink has the batch: remove it, whoever holds its claim now."""
     db.execute("DELETE FROM retain_outbox WHERE id = ? AND key = ?", (entry_id, key))
 
 
-def mark_failed(db: Db, entry_id: int, key: str, error: str) -> None:
-    """Count the attempt and let the claim go, so another process may try."""
+def mark_failed(db: Db, entry_id: int, key: str, owner: str, error: str, retry_in: float) -> None:
+    """Count the attempt, keep the batch out of delivery for ``retry_in`` seconds, and let ``owner``'s claim go.
+
+    Unless another process holds a live claim on it: then ``owner``'s claim
+    lapsed and the batch is being sent by that process, which a late failure
+    must not release (a third process could send it at the same time).
+    """
     db.execute(
-        "UPDATE retain_outbox SET attempts = attempts + 1, last_error = ?, claimed_by = NULL, claim_until = NULL "
-        "WHERE id = ? AND key = ?",
-        (error[:2000], entry_id, key),
+        "UPDATE retain_outbox SET attempts = attempts + 1, last_error = ?, retry_at = {now} + ?, "
+        "claimed_by = NULL, claim_until = NULL "
+        "WHERE id = ? AND key = ? AND (claimed_by IS NULL OR claimed_by = ? OR claim_until <= {now})",
+        (error[:2000], retry_in, entry_id, key, owner),
     )
 
 

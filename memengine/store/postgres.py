@@ -56,13 +56,10 @@ class PostgresStore(GroupCommitStore):
 
     def _interrupt(self) -> None:
         # Cancelling talks to the server over a new connection: not from the event loop.
-        threading.Thread(target=self._cancel, name="memengine cancel", daemon=True).start()
+        threading.Thread(target=_cancel, args=(self._conn,), name="memengine cancel", daemon=True).start()
 
-    def _cancel(self) -> None:
-        try:
-            self._conn.cancel_safe(timeout=_CANCEL_TIMEOUT)
-        except Exception as exc:
-            log.warning("could not cancel the PostgreSQL statement in progress: %s", exc)
+    def _interrupt_reads(self) -> None:
+        threading.Thread(target=_cancel, args=(self._reader,), name="memengine cancel", daemon=True).start()
 
     def _in_transaction(self) -> bool:
         status = self._conn.info.transaction_status
@@ -89,6 +86,13 @@ class PostgresStore(GroupCommitStore):
 
     def _rebuild_recall_index(self, db: Db) -> int:
         return postgres_recall.rebuild(db)
+
+
+def _cancel(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.cancel_safe(timeout=_CANCEL_TIMEOUT)
+    except Exception as exc:
+        log.warning("could not cancel the PostgreSQL statement in progress: %s", exc)
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:

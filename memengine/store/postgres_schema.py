@@ -65,7 +65,17 @@ _UNFINISHED_APPENDS = (
     "  PRIMARY KEY (session_id, first_seq))",
 )
 
-MIGRATIONS: list[Callable[[Any], None]] = [_statements(*_JOURNAL), _statements(*_UNFINISHED_APPENDS)]
+_RETAIN_RETRY_TIMES = (
+    # When a refused batch may be tried again (unix seconds, the database's clock;
+    # NULL: at once). Every process sharing the store leaves it alone until then.
+    "ALTER TABLE retain_outbox ADD COLUMN retry_at double precision",
+)
+
+MIGRATIONS: list[Callable[[Any], None]] = [
+    _statements(*_JOURNAL),
+    _statements(*_UNFINISHED_APPENDS),
+    _statements(*_RETAIN_RETRY_TIMES),
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

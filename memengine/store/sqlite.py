@@ -69,6 +69,10 @@ class SQLiteStore(GroupCommitStore):
     def _interrupt(self) -> None:
         self._conn.interrupt()  # safe from any thread: the running statement fails with "interrupted"
 
+    def _interrupt_reads(self) -> None:
+        if self._reader is not None:
+            self._reader.interrupt()
+
     def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
         if sessions:
             db.executemany(journal.INSERT_SESSION, [(session_id,) for session_id in sessions])

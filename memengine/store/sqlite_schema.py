@@ -127,11 +127,18 @@ def _add_unfinished_appends(db: sqlite_utils.Database) -> None:
     )
 
 
+def _add_retain_retry_times(db: sqlite_utils.Database) -> None:
+    # When a refused batch may be tried again (unix seconds, the database's clock;
+    # NULL: at once). Every process sharing the store leaves it alone until then.
+    db["retain_outbox"].add_column("retry_at", float)  # type: ignore[union-attr]
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _create_journal,
     _add_retain_and_recall,
     _add_leases,
     _add_unfinished_appends,
+    _add_retain_retry_times,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
