@@ -26,8 +26,14 @@ def idle(anyio_backend) -> float:
     return 300.0 if anyio_backend != "asyncio" else 0.05
 
 
+def lease_settings(idle: float) -> dict[str, float]:
+    """Leases renewed a few times per idle period, not every few seconds: under the MockClock each
+    wake-up costs real time (its autojump threshold), and these tests wait out several idle periods."""
+    return {"lease_ttl": idle * 10, "lease_wait": idle * 12}
+
+
 async def test_idle_session_passivates_and_recovers(db_path, idle) -> None:
-    config = SessionConfig(max_episodes=3, passivate_after=idle)
+    config = SessionConfig(max_episodes=3, passivate_after=idle, **lease_settings(idle))
     async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         await add_each(session, turns(6))
@@ -43,7 +49,7 @@ async def test_idle_session_passivates_and_recovers(db_path, idle) -> None:
 
 async def test_no_passivation_while_a_summary_is_in_flight(db_path, idle) -> None:
     summarizer = GatedSummarizer()
-    config = SessionConfig(max_episodes=2, passivate_after=idle)
+    config = SessionConfig(max_episodes=2, passivate_after=idle, **lease_settings(idle))
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         await add_each(session, turns(3))
