@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
@@ -141,3 +144,52 @@ class StuckSink:
     async def retain(self, batch) -> None:
         self.calls += 1
         await anyio.sleep_forever()
+
+
+class CommitThenLoseConnection:
+    """Wraps a SQLite store's connection: when armed, the next COMMIT lands, then "the connection is lost".
+
+    The store then cannot know whether the transaction landed and reports
+    :class:`UncertainCommitError`, exactly as after a connection lost right
+    after the server committed. With ``hold``, that COMMIT first waits for
+    :meth:`release` (so a test can line other calls up behind it).
+    """
+
+    def __init__(self, store: Any, wait: float = 10.0) -> None:
+        self._conn = store._conn
+        self._wait = wait
+        self._armed = threading.Event()
+        self._held: threading.Event | None = None
+        self._lost_now = False
+        self.lost = 0
+        store._conn = self
+        store._connection_lost = self._connection_lost
+
+    def arm(self, *, hold: bool = False) -> None:
+        self._held = threading.Event() if hold else None
+        self._armed.set()
+
+    def disarm(self) -> None:
+        self._armed.clear()
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.set()
+
+    def _connection_lost(self) -> bool:
+        lost, self._lost_now = self._lost_now, False  # said once, for the COMMIT that "lost" it
+        return lost
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        if sql.strip() == "COMMIT" and self._armed.is_set():
+            self._armed.clear()
+            if self._held is not None:
+                self._held.wait(self._wait)
+            self._conn.execute(sql, parameters)  # committed...
+            self.lost += 1
+            self._lost_now = True
+            raise sqlite3.OperationalError("connection lost (injected, after the commit)")  # ...but who knows
+        return self._conn.execute(sql, parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)

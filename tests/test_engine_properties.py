@@ -1,14 +1,19 @@
 """A stateful property test: the real engine against a small reference model.
 
-Hypothesis drives random sequences of operations (adds, re-sent ids, reads,
-waiting reads, deletes, clears, closes, cancelled calls, summarizer and sink
-failures, engine restarts) and checks every invariant after every step, on
-asyncio and on trio (under a MockClock). A failing case shrinks to a short
+Hypothesis drives random sequences of operations (adds, re-sent ids, adds of
+more than 4,000 episodes, reads, waiting reads, deletes, deleting the newest
+episodes before a close, clears, closes, cancelled calls, summarizer and sink
+failures, commits in doubt on every kind of write, engine restarts, and the
+engine stopped in the middle of an add by a cancelled scope or a failing
+sibling task) and checks every invariant after every step, recall included,
+on asyncio and on trio (under a MockClock). A failing case shrinks to a short
 sequence of steps. Set MEMENGINE_SOAK=N to run N times more examples.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sqlite3
 import tempfile
@@ -24,9 +29,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from trio.testing import MockClock
 
-from memengine import Episode, SessionClosedError, SessionConfig, open_engine
+from memengine import (
+    Episode,
+    MemEngineError,
+    SessionClosedError,
+    SessionConfig,
+    StoreError,
+    UncertainCommitError,
+    open_engine,
+)
 
-from .fakes import RecordingSink, context_once_summarized, covered, fold
+from .fakes import CommitThenLoseConnection, RecordingSink, context_once_summarized, covered, fold
 
 SOAK = int(os.environ.get("MEMENGINE_SOAK", "1"))
 SESSIONS = ("alice", "bob")
@@ -68,6 +81,20 @@ class FlakySink(RecordingSink):
         self.batches.append(batch)
 
 
+class SiblingFailed(Exception):
+    """Raised by a task next to the engine, to stop it the way a failing sibling does."""
+
+
+GUARD = 60  # seconds: leaving the engine never takes this long unless it hangs
+BIG_ADD = 4001  # more than any one transaction, and than recall's old catch-up step
+
+
+def leaves(error: BaseException) -> list[str]:
+    if isinstance(error, BaseExceptionGroup):
+        return [name for inner in error.exceptions for name in leaves(inner)]
+    return [type(error).__name__]
+
+
 class EngineMachine(RuleBasedStateMachine):
     backend: object = "asyncio"
 
@@ -79,8 +106,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.sink = FlakySink()
         self.portal_cm = start_blocking_portal(*_backend(self.backend))
         self.portal = self.portal_cm.__enter__()
-        self.engine_cm = None
         self.engine = None
+        self.running = None  # the engine's task, and the ways to stop it
+        self.big_adds_left = 0
         # The model: per session, the live episodes (seq, content) in order.
         self.live: dict[str, list[tuple[int, str]]] = {s: [] for s in SESSIONS}
         self.last_seq = dict.fromkeys(SESSIONS, 0)
@@ -90,19 +118,44 @@ class EngineMachine(RuleBasedStateMachine):
 
     # -- engine lifecycle --------------------------------------------------
 
-    @initialize()
-    def start(self) -> None:
+    @initialize(big_adds=st.sampled_from([0, 0, 0, 1]))
+    def start(self, big_adds: int) -> None:
+        self.big_adds_left = big_adds  # an add of 4,001 costs seconds of delivery: in a quarter of the runs
         self._open()
 
     def _open(self) -> None:
-        self.engine_cm = self.portal.wrap_async_context_manager(
-            open_engine(self.db, summarizer=self.summarizer, retain_sink=self.sink, config=CONFIG, retain_grace=5)
-        )
-        self.engine = self.engine_cm.__enter__()
+        future, (self.engine, scope, stop, sibling, doubts) = self.portal.start_task(self._run_engine)
+        self.running = (future, scope, stop, sibling, doubts)
 
-    def _close_engine(self) -> None:
-        self.engine_cm.__exit__(None, None, None)
-        self.engine = None
+    async def _run_engine(self, *, task_status) -> None:
+        """The engine, as an application runs it: in a cancel scope, next to a task that may fail."""
+        stop, sibling = anyio.Event(), anyio.Event()
+
+        async def failing_sibling() -> None:
+            await sibling.wait()
+            raise SiblingFailed("a task next to the engine failed")
+
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(failing_sibling)
+                async with open_engine(
+                    self.db, summarizer=self.summarizer, retain_sink=self.sink, config=CONFIG, retain_grace=5
+                ) as engine:
+                    doubts = CommitThenLoseConnection(engine.store)
+                    task_status.started((engine, scope, stop, sibling, doubts))
+                    await stop.wait()
+                tasks.cancel_scope.cancel()
+
+    def _close_engine(self, how: str = "normally") -> None:
+        """Leave the engine (normally, by cancelling its scope, or by a failing sibling); it must end in time."""
+        future, scope, stop, sibling, _ = self.running
+        self.portal.call({"normally": stop.set, "cancel": scope.cancel, "sibling": sibling.set}[how])
+        error = future.exception(timeout=GUARD)  # raises TimeoutError if leaving hangs
+        if how == "sibling":
+            assert error is not None and leaves(error) == ["SiblingFailed"], f"the sibling's error was lost: {error!r}"
+        else:
+            assert error is None, f"leaving raised {error!r}"
+        self.engine = self.running = None
 
     def teardown(self) -> None:
         try:
@@ -118,6 +171,42 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         self._close_engine()
+        self._check_deliveries(final=False)
+        self._open()
+
+    @rule(
+        session=st.sampled_from(SESSIONS),
+        count=st.integers(1, 3),
+        how=st.sampled_from(["cancel", "sibling"]),
+        checkpoints=st.integers(0, 6),
+    )
+    def stop_engine_during_an_add(self, session: str, count: int, how: str, checkpoints: int) -> None:
+        episodes = [self._episode(5) for _ in range(count)]
+        handle = self.engine.session(session)
+        outcome: dict[str, object] = {}
+
+        async def add() -> None:
+            try:
+                outcome["stored"] = await handle.add(episodes)
+            except MemEngineError as exc:  # the engine stopped first: the add may or may not be stored
+                outcome["error"] = exc
+
+        async def add_then_stop() -> None:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(add)
+                for _ in range(checkpoints):
+                    await anyio.lowlevel.checkpoint()
+                # Stopped from outside, as an application's own error or timeout would.
+                _, scope, _, sibling, _ = self.running
+                scope.cancel() if how == "cancel" else sibling.set()
+
+        self.portal.call(add_then_stop)
+        self._close_engine(how)  # (already leaving) it must end in time, with the sibling's error as it was
+        if "stored" in outcome:
+            assert [e.seq for e in outcome["stored"]] == self._next_seqs(session, count)
+            self._model_add(session, episodes)
+        else:
+            self._adopt_if_stored(session, episodes)
         self._check_deliveries(final=False)
         self._open()
 
@@ -141,6 +230,15 @@ class EngineMachine(RuleBasedStateMachine):
             assert stored.seq in [seq for seq, _ in self.live[session]]  # nothing new
         else:
             self._model_add(session, [episode])  # deleted or cleared since: stored again
+
+    @precondition(lambda self: self.big_adds_left > 0)
+    @rule(session=st.sampled_from(SESSIONS))
+    def add_thousands(self, session: str) -> None:
+        self.big_adds_left -= 1
+        episodes = [self._episode(1) for _ in range(BIG_ADD)]
+        stored = self.portal.call(self.engine.session(session).add, episodes)
+        assert [e.seq for e in stored] == self._next_seqs(session, BIG_ADD)
+        self._model_add(session, episodes)
 
     @rule(session=st.sampled_from(SESSIONS), length=st.integers(1, 30))
     def add_cancelled_before_sending(self, session: str, length: int) -> None:
@@ -177,15 +275,13 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(session=st.sampled_from(SESSIONS))
     def read_and_wait(self, session: str) -> None:
-        handle = self.engine.session(session)
-
-        async def wait() -> object:
-            with anyio.fail_after(30):
-                return await context_once_summarized(handle)  # told of failed rounds; asks again
-
-        context = self.portal.call(wait)
+        context = self.portal.call(self._wait_for_summary, self.engine.session(session))
         self._check_context(session, context)
         assert context.evicted_through == context.summarized_through
+
+    async def _wait_for_summary(self, handle) -> object:
+        with anyio.fail_after(30):
+            return await context_once_summarized(handle)  # told of failed rounds; asks again
 
     @rule(session=st.sampled_from(SESSIONS), data=st.data())
     def delete(self, session: str, data) -> None:
@@ -195,6 +291,68 @@ class EngineMachine(RuleBasedStateMachine):
         before = len(self.live[session])
         self.live[session] = [(seq, c) for seq, c in self.live[session] if seq not in chosen]
         assert deleted == before - len(self.live[session])
+
+    @precondition(lambda self: any(self.live.values()))
+    @rule(data=st.data(), newest=st.integers(1, 3))
+    def delete_the_newest_then_close(self, data, newest: int) -> None:
+        """Deleting episodes not yet handed on, then closing: the session's retain watermark reaches its last seq."""
+        session = data.draw(st.sampled_from([s for s in SESSIONS if self.live[s]]))
+        chosen = [seq for seq, _ in self.live[session][-newest:]]
+        handle = self.engine.session(session)
+        assert self.portal.call(handle.delete_episodes, chosen) == len(chosen)
+        self.live[session] = [(seq, c) for seq, c in self.live[session] if seq not in chosen]
+        self.portal.call(handle.close)
+        self.closed_handles.append(handle)
+        assert self._query("SELECT retained_through FROM sessions WHERE session_id = ?", session) == [
+            (self.last_seq[session],)
+        ], "after a close, every seq up to the last is in the outbox, delivered or deleted"
+
+    @rule(
+        session=st.sampled_from(SESSIONS),
+        kind=st.sampled_from(["add", "delete", "clear", "close", "summary or batch"]),
+        data=st.data(),
+    )
+    def commit_in_doubt(self, session: str, kind: str, data) -> None:
+        """The next commit lands, but its caller cannot know: the session must reload, never serve stale memory."""
+        handle = self.engine.session(session)
+        doubts = self.running[4]
+        self.portal.call(doubts.arm)
+        try:
+            if kind == "add":
+                episodes = [self._episode(4)]
+                try:
+                    stored = self.portal.call(handle.add, episodes)
+                except (UncertainCommitError, StoreError):
+                    self._adopt_if_stored(session, episodes)
+                else:
+                    assert [e.seq for e in stored] == self._next_seqs(session, 1)
+                    self._model_add(session, episodes)
+            elif kind == "delete":
+                seqs = [seq for seq, _ in self.live[session]]
+                chosen = (
+                    data.draw(st.lists(st.sampled_from(seqs), min_size=1, max_size=2, unique=True)) if seqs else [1]
+                )
+                try:
+                    self.portal.call(handle.delete_episodes, chosen)
+                except (UncertainCommitError, StoreError):
+                    pass
+                stored = {seq for (seq,) in self._query("SELECT seq FROM episodes WHERE session_id = ?", session)}
+                self.live[session] = [(seq, c) for seq, c in self.live[session] if seq in stored]
+            elif kind == "clear":
+                try:
+                    self.portal.call(handle.clear)
+                    self.live[session] = []
+                except (UncertainCommitError, StoreError):
+                    if not self._query("SELECT seq FROM episodes WHERE session_id = ?", session):
+                        self.live[session] = []
+            elif kind == "close":
+                with contextlib.suppress(UncertainCommitError, StoreError):
+                    self.portal.call(handle.close)
+                self.closed_handles.append(handle)
+            else:  # whatever commits next: a summary, a retain batch, a lease renewal, a delivery
+                self.portal.call(self._wait_for_summary, handle)
+        finally:
+            self.portal.call(doubts.disarm)
 
     @rule(session=st.sampled_from(SESSIONS))
     def clear(self, session: str) -> None:
@@ -252,11 +410,47 @@ class EngineMachine(RuleBasedStateMachine):
         finally:
             conn.close()
 
+    @invariant()
+    def recall_finds_exactly_the_live_episodes(self) -> None:
+        """The newest episodes sent to each session (deleted ones too): recall finds the live ones, no others."""
+        if self.engine is None:
+            return
+        for session in SESSIONS:
+            recent = self.sent_ids[session][-6:]
+            if not recent:
+                continue
+            live = {content for _, content in self.live[session]}
+            query = " ".join(episode.content.split("-")[0] for episode in recent)  # each episode's own word
+            hits = self.portal.call(functools.partial(self.engine.recall, query, session_id=session, limit=50))
+            assert {hit.episode.content for hit in hits} == {e.content for e in recent} & live
+
     # -- helpers -----------------------------------------------------------------
+
+    def _query(self, sql: str, *params: object) -> list[tuple]:
+        conn = sqlite3.connect(self.db)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def _next_seqs(self, session: str, count: int) -> list[int]:
+        return list(range(self.last_seq[session] + 1, self.last_seq[session] + 1 + count))
+
+    def _adopt_if_stored(self, session: str, episodes: list[Episode]) -> None:
+        """An add whose outcome the caller could not know: stored whole, after the last seq, or not at all."""
+        ids = [episode.id for episode in episodes]
+        marks = ", ".join("?" * len(ids))
+        rows = self._query(f"SELECT seq, id FROM episodes WHERE session_id = ? AND id IN ({marks})", session, *ids)
+        if not rows:
+            return
+        assert sorted(rows) == list(zip(self._next_seqs(session, len(ids)), ids, strict=True)), (
+            f"an add in doubt was stored in part or out of place: {rows}"
+        )
+        self._model_add(session, episodes)
 
     def _episode(self, length: int) -> Episode:
         self.counter += 1
-        return Episode("user", f"e{self.counter}-" + "x" * length)
+        return Episode("user", f"e{self.counter}-" + "x" * length)  # "e<n>" is its own word, for recall
 
     def _model_add(self, session: str, episodes: list[Episode]) -> None:
         for episode in episodes:

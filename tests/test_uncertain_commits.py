@@ -11,59 +11,17 @@ and check what users see afterwards: no deleted text readable, no spurious
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-from typing import Any
-
 import anyio
 import pytest
 
 from memengine import Episode, SessionConfig, UncertainCommitError, open_engine
 
 from .conftest import StoredRows
-from .fakes import GatedSummarizer, RecordingSummarizer, covered, turns
+from .fakes import CommitThenLoseConnection, GatedSummarizer, RecordingSummarizer, covered, turns
 
 pytestmark = pytest.mark.anyio
 
 GUARD = 10
-
-
-class CommitThenLoseConnection:
-    """The store's connection: when armed, the next COMMIT lands, then "the connection is lost"."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self._conn = store._conn
-        self._armed = threading.Event()
-        self._held: threading.Event | None = None
-        self.lost = 0
-        store._conn = self
-        store._connection_lost = self._connection_lost
-
-    def arm(self, *, hold: bool = False) -> None:
-        """The next COMMIT is lost after landing; with ``hold``, it first waits for :meth:`release`."""
-        self._held = threading.Event() if hold else None
-        self._armed.set()
-
-    def release(self) -> None:
-        if self._held is not None:
-            self._held.set()
-
-    def _connection_lost(self) -> bool:
-        return self.lost > 0
-
-    def execute(self, sql: str, parameters: Any = (), /) -> Any:
-        if sql.strip() == "COMMIT" and self._armed.is_set():
-            self._armed.clear()
-            if self._held is not None:
-                self._held.wait(GUARD)
-            self._conn.execute(sql, parameters)  # committed...
-            self.lost += 1
-            raise sqlite3.OperationalError("connection lost (injected, after the commit)")  # ...but who knows
-        return self._conn.execute(sql, parameters)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
 
 
 async def wait_until_passivated(engine, session_id: str) -> None:
@@ -155,3 +113,12 @@ async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(db_path, stored:
             context = await session.context(wait_for_summary=True)
         assert covered(context.summary) == ["turn 1", "turn 2"]
     assert stored.summaries("s")[-1] == (2, "turn 1|turn 2")
+
+
+async def test_an_activation_in_doubt_is_simply_taken_again(db_path, stored: StoredRows) -> None:
+    async with open_engine(db_path, config=SessionConfig(passivate_after=None)) as engine:
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm()  # the first commit is the activation's (lease and load)
+        (first,) = await engine.session("s").add([Episode("user", "first")])
+        assert commits.lost == 1 and first.seq == 1
+    assert stored.episodes("s") == [(1, "first")]

@@ -16,7 +16,7 @@ import math
 import anyio
 
 from ..config import SessionConfig
-from ..errors import LeaseLostError, SessionBusyError
+from ..errors import LeaseLostError, SessionBusyError, UncertainCommitError
 from ..store.base import SessionSnapshot, Store
 
 log = logging.getLogger("memengine.session")
@@ -39,6 +39,12 @@ class SessionLease:
             attempt = anyio.current_time()
             try:
                 self.token, snapshot = await self._store.activate(self._session_id, self._config.lease_ttl)
+            except UncertainCommitError as doubt:
+                # Taking the lease is safe to repeat: whether or not it landed, this owner may take it again.
+                if anyio.current_time() - started > self._config.lease_wait:
+                    raise
+                log.info("session %r: activation in doubt (%s); activating again", self._session_id, doubt)
+                continue
             except SessionBusyError as busy:
                 waited = anyio.current_time() - started
                 left = self._config.lease_wait - waited
