@@ -658,6 +658,29 @@ async def test_a_stalled_store_delays_writers_but_loses_nothing(db_path: Path, s
     assert stored.episodes("c") == [(1, "c 1")]
 
 
+async def test_a_slow_read_holds_up_no_writer(db_path: Path, stored: StoredRows) -> None:
+    """Reads (recall here) run on their own connection: one stuck in its query delays no add, of any session."""
+    async with engine_with_faults(db_path) as (engine, faults):
+        await engine.session("a").add([Episode("user", "a word to find")])
+        # The recall's query, which only the read connection runs, stalls as a long scan would.
+        search = faults.inject("SELECT e.session_id, e.seq", fail=False, stall=True, times=1)
+        found: list = []
+
+        async def recall() -> None:
+            found.extend(await engine.recall("word"))
+
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as readers:
+                readers.start_soon(recall)
+                await search.wait_for_hits()  # the recall is stuck in its query
+                for name in ("a", "b"):
+                    (episode,) = await engine.session(name).add([Episode("user", f"{name} added meanwhile")])
+                    assert stored.episodes(name)[-1] == (episode.seq, f"{name} added meanwhile")
+                assert found == []
+                search.release()
+        assert [hit.episode.content for hit in found] == ["a word to find"]
+
+
 async def test_a_slow_activation_holds_up_only_its_own_session(db_path: Path, stored: StoredRows) -> None:
     async with open_engine(db_path) as engine:
         store: Any = engine.store
