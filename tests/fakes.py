@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -147,7 +146,7 @@ class StuckSink:
 
 
 class CommitThenLoseConnection:
-    """Wraps a SQLite store's connection: when armed, the next COMMIT lands, then "the connection is lost".
+    """Wraps a store's connection: when armed, the next COMMIT lands, then "the connection is lost".
 
     The store then cannot know whether the transaction landed and reports
     :class:`UncertainCommitError`, exactly as after a connection lost right
@@ -157,6 +156,7 @@ class CommitThenLoseConnection:
 
     def __init__(self, store: Any, wait: float = 10.0) -> None:
         self._conn = store._conn
+        self._error = store._dialect.errors[0]  # the driver's own error (sqlite3.Error, psycopg.Error)
         self._wait = wait
         self._armed = threading.Event()
         self._held: threading.Event | None = None
@@ -188,7 +188,7 @@ class CommitThenLoseConnection:
             self._conn.execute(sql, parameters)  # committed...
             self.lost += 1
             self._lost_now = True
-            raise sqlite3.OperationalError("connection lost (injected, after the commit)")  # ...but who knows
+            raise self._error("connection lost (injected, after the commit)")  # ...but who knows
         return self._conn.execute(sql, parameters)
 
     def __getattr__(self, name: str) -> Any:

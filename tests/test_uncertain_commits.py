@@ -5,7 +5,7 @@ transaction landed: it raises :class:`UncertainCommitError`. The session's
 memory may then disagree with the store, so the activation gives the session
 up, and the next call loads it again. These tests make a COMMIT land and then
 fail (as a connection lost right after the server committed) below the store,
-and check what users see afterwards: no deleted text readable, no spurious
+on SQLite and PostgreSQL, and check what users see afterwards: no deleted text readable, no spurious
 "seq already taken", waiting reads answered, the session passivating.
 """
 
@@ -16,12 +16,22 @@ import pytest
 
 from memengine import Episode, SessionConfig, UncertainCommitError, open_engine
 
-from .conftest import StoredRows
+from .conftest import StoreRows
 from .fakes import CommitThenLoseConnection, GatedSummarizer, RecordingSummarizer, covered, turns
 
 pytestmark = pytest.mark.anyio
 
 GUARD = 10
+
+
+def episodes(rows: StoreRows, session_id: str) -> list[tuple]:
+    return rows.query("SELECT seq, content FROM episodes WHERE session_id = ? ORDER BY seq", session_id)
+
+
+def summaries(rows: StoreRows, session_id: str) -> list[tuple]:
+    return rows.query(
+        "SELECT through_seq, summary FROM summaries WHERE session_id = ? ORDER BY through_seq", session_id
+    )
 
 
 async def wait_until_passivated(engine, session_id: str) -> None:
@@ -30,9 +40,9 @@ async def wait_until_passivated(engine, session_id: str) -> None:
             await anyio.sleep(0.01)
 
 
-async def test_a_clear_in_doubt_never_leaves_the_cleared_text_readable(db_path, stored: StoredRows) -> None:
+async def test_a_clear_in_doubt_never_leaves_the_cleared_text_readable(store_url, rows: StoreRows) -> None:
     config = SessionConfig(max_episodes=2, passivate_after=0.05)
-    async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
+    async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         await session.add([Episode("user", "my password is hunter2"), *turns(3)])
         await session.context(wait_for_summary=True)
@@ -40,7 +50,7 @@ async def test_a_clear_in_doubt_never_leaves_the_cleared_text_readable(db_path, 
         commits.arm()
         with pytest.raises(UncertainCommitError):
             await session.clear()
-        assert commits.lost == 1 and stored.episodes("s") == []
+        assert commits.lost == 1 and episodes(rows, "s") == []
         context = await session.context()  # reloaded from the store
         assert context.summary is None and context.episodes == ()
         with anyio.fail_after(GUARD):
@@ -48,13 +58,13 @@ async def test_a_clear_in_doubt_never_leaves_the_cleared_text_readable(db_path, 
         await session.add([Episode("user", "after the clear")])
         assert [e.content for e in (await session.context()).episodes] == ["after the clear"]
         await wait_until_passivated(engine, "s")
-    assert [content for _, content in stored.episodes("s")] == ["after the clear"]
-    assert stored.summaries("s") == []
+    assert [content for _, content in episodes(rows, "s")] == ["after the clear"]
+    assert summaries(rows, "s") == []
 
 
-async def test_a_delete_in_doubt_shows_what_the_store_holds(db_path, stored: StoredRows) -> None:
+async def test_a_delete_in_doubt_shows_what_the_store_holds(store_url, rows: StoreRows) -> None:
     config = SessionConfig(max_episodes=2, passivate_after=None)
-    async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
+    async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         await session.add([Episode("user", "my password is hunter2"), *turns(4)])
         await session.context(wait_for_summary=True)
@@ -65,12 +75,12 @@ async def test_a_delete_in_doubt_shows_what_the_store_holds(db_path, stored: Sto
             context = await session.context(wait_for_summary=True)
         assert "my password is hunter2" not in covered(context.summary) + [e.content for e in context.episodes]
         assert covered(context.summary) + [e.content for e in context.episodes] == [f"turn {i}" for i in range(1, 5)]
-    assert all("hunter2" not in summary for _, summary in stored.summaries("s"))
+    assert all("hunter2" not in summary for _, summary in summaries(rows, "s"))
 
 
-async def test_an_add_waiting_behind_an_add_in_doubt_gets_the_next_seq(db_path, stored: StoredRows) -> None:
+async def test_an_add_waiting_behind_an_add_in_doubt_gets_the_next_seq(store_url, rows: StoreRows) -> None:
     config = SessionConfig(passivate_after=None)
-    async with open_engine(db_path, config=config) as engine:
+    async with open_engine(store_url, config=config) as engine:
         session = engine.session("s")
         await session.add(turns(2))
         commits = CommitThenLoseConnection(engine.store)
@@ -93,13 +103,13 @@ async def test_an_add_waiting_behind_an_add_in_doubt_gets_the_next_seq(db_path, 
         assert outcomes["second"] == [4]  # after the first, which did land: no "seq 3 is already taken"
         (retried,) = await session.add([Episode("user", "first", id="first")])  # the retry finds it stored
         assert retried.seq == 3
-    assert [content for _, content in stored.episodes("s")] == ["turn 1", "turn 2", "first", "second"]
+    assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "first", "second"]
 
 
-async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(db_path, stored: StoredRows) -> None:
+async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(store_url, rows: StoreRows) -> None:
     summarizer = GatedSummarizer()
     config = SessionConfig(max_episodes=2, passivate_after=None)
-    async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
+    async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         await session.add(turns(3))
         await summarizer.wait_until_called()
@@ -112,13 +122,13 @@ async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(db_path, stored:
         with anyio.fail_after(GUARD):
             context = await session.context(wait_for_summary=True)
         assert covered(context.summary) == ["turn 1", "turn 2"]
-    assert stored.summaries("s")[-1] == (2, "turn 1|turn 2")
+    assert summaries(rows, "s")[-1] == (2, "turn 1|turn 2")
 
 
-async def test_an_activation_in_doubt_is_simply_taken_again(db_path, stored: StoredRows) -> None:
-    async with open_engine(db_path, config=SessionConfig(passivate_after=None)) as engine:
+async def test_an_activation_in_doubt_is_simply_taken_again(store_url, rows: StoreRows) -> None:
+    async with open_engine(store_url, config=SessionConfig(passivate_after=None)) as engine:
         commits = CommitThenLoseConnection(engine.store)
         commits.arm()  # the first commit is the activation's (lease and load)
         (first,) = await engine.session("s").add([Episode("user", "first")])
         assert commits.lost == 1 and first.seq == 1
-    assert stored.episodes("s") == [(1, "first")]
+    assert episodes(rows, "s") == [(1, "first")]
