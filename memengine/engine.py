@@ -391,15 +391,27 @@ def _failure(group: BaseExceptionGroup, body_error: BaseException | None) -> Bas
     _, failed = group.split(anyio.get_cancelled_exc_class())
     if failed is None:
         return group if body_error is None else body_error
-    for error in failed.exceptions:
+    errors = _leaves(failed)
+    for error in errors:
+        if not isinstance(error, Exception):
+            return error  # KeyboardInterrupt, SystemExit: as they are
+    for error in errors:
         log.error("the engine failed: %r", error, exc_info=error)
     if body_error is not None and not isinstance(body_error, anyio.get_cancelled_exc_class()):
         return body_error
-    if len(failed.exceptions) == 1 and isinstance(failed.exceptions[0], MemEngineError):
-        return failed.exceptions[0]
-    error = EngineFailedError(f"the engine stopped because of an internal error: {failed.exceptions[0]!r}")
+    if len(errors) == 1 and isinstance(errors[0], MemEngineError):
+        return errors[0]
+    error = EngineFailedError(f"the engine stopped because of an internal error: {errors[0]!r}")
     error.__cause__ = failed
     return error
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [
+        leaf
+        for inner in group.exceptions
+        for leaf in (_leaves(inner) if isinstance(inner, BaseExceptionGroup) else [inner])
+    ]
 
 
 def _require_async_method(target: object, what: str, name: str, arguments: str) -> None:

@@ -6,9 +6,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from memengine import Engine, EngineClosedError, Episode, SessionConfig, open_engine
+from memengine import Engine, EngineClosedError, EngineFailedError, Episode, SessionConfig, StoreError, open_engine
+from memengine.store.committer import GroupCommitStore
 
-from .fakes import GatedSummarizer, RecordingSummarizer, add_each, covered, turns
+from .fakes import GatedSummarizer, RecordingSink, RecordingSummarizer, add_each, covered, turns
 
 pytestmark = pytest.mark.anyio
 
@@ -111,3 +112,45 @@ async def test_messages_racing_passivation_keep_order(db_path, stored, monkeypat
     for name, seqs in acknowledged.items():
         assert sorted(seqs) == list(range(1, 121))
         assert [seq for seq, _ in stored.episodes(name)] == list(range(1, 121))
+
+
+class EngineBug(Exception):
+    pass
+
+
+async def test_an_engine_task_that_fails_stops_the_engine_with_one_engine_failed_error(db_path, monkeypatch) -> None:
+    async def broken_sweep(self, passivate_after: float) -> None:
+        await anyio.lowlevel.checkpoint()
+        raise EngineBug("a bug in the engine")
+
+    monkeypatch.setattr(Engine, "_sweep_idle_sessions", broken_sweep)
+    with anyio.fail_after(10), pytest.raises(EngineFailedError) as failed:
+        async with open_engine(db_path) as engine:
+            await engine.session("s").add([Episode("user", "kept")])
+            await anyio.sleep_forever()  # the engine's failure cancels the block
+    cause = failed.value.__cause__
+    assert isinstance(cause, BaseExceptionGroup)
+    bugs, rest = cause.split(EngineBug)
+    assert bugs is not None and rest is None  # the engine's own error, attached; nothing else
+    assert "a bug in the engine" in str(failed.value)
+
+
+async def test_the_callers_own_error_wins_over_an_engine_failure(db_path, monkeypatch) -> None:
+    async def broken_renewals(self) -> None:
+        await anyio.lowlevel.checkpoint()
+        raise EngineBug("a bug in the engine")
+
+    monkeypatch.setattr(Engine, "_renew_leases", broken_renewals)
+    with pytest.raises(ValueError, match="mine"):
+        async with open_engine(db_path):
+            raise ValueError("mine")
+
+
+async def test_a_store_error_while_opening_is_raised_as_itself(db_path, monkeypatch) -> None:
+    async def failing_enqueue(self, mode, *, orphaned_only=False):
+        raise StoreError("disk I/O error (injected)")
+
+    monkeypatch.setattr(GroupCommitStore, "enqueue_all_retains", failing_enqueue)
+    with pytest.raises(StoreError, match="injected"):
+        async with open_engine(db_path, retain_sink=RecordingSink()):
+            pass

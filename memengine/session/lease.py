@@ -44,6 +44,8 @@ class SessionLease:
                 if anyio.current_time() - started > self._config.lease_wait:
                     raise
                 log.info("session %r: activation in doubt (%s); activating again", self._session_id, doubt)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, 0.5)
                 continue
             except SessionBusyError as busy:
                 waited = anyio.current_time() - started
