@@ -377,7 +377,9 @@ async def _leave(
     if delivery is not None:
         await within_budget("recording the retain tails", lambda: store.enqueue_all_retains(mode))
         await delivery.drain(grace)
-    background.cancel_scope.cancel()  # delivery stops: no claim is taken after the release below
+    if delivery is not None:
+        delivery.stop()  # no claim is taken after the release below (a claim already queued goes first)
+    background.cancel_scope.cancel()
     await within_budget("releasing the leases", store.release_leases)
     await store.aclose(max(EXIT_STORE_SECONDS - spent, 0.0))
 

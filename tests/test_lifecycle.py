@@ -154,3 +154,16 @@ async def test_a_store_error_while_opening_is_raised_as_itself(db_path, monkeypa
     with pytest.raises(StoreError, match="injected"):
         async with open_engine(db_path, retain_sink=RecordingSink()):
             pass
+
+
+async def test_an_add_is_answered_even_if_its_follow_ups_meet_a_closing_store(db_path, monkeypatch) -> None:
+    """Recording a due retain batch after an append may find the store closing: the add is still answered."""
+
+    def closing(*args, **kwargs) -> None:
+        raise EngineClosedError("the store is closed")
+
+    async with open_engine(db_path, retain_sink=RecordingSink(), config=SessionConfig(retain_every=1)) as engine:
+        monkeypatch.setattr(engine.store, "submit_retain", closing)
+        with anyio.fail_after(10):
+            (stored,) = await engine.session("s").add([Episode("user", "answered")])
+        assert stored.seq == 1

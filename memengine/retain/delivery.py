@@ -119,8 +119,13 @@ class RetainDelivery:
         # session is never delivered twice at once and the concurrency bound holds for both.
         self._delivering: set[str] = set()
         self._calls: dict[int, _Call] = {}
+        self._stopped = False
         self.delivered = 0
         self.failures = 0
+
+    def stop(self) -> None:
+        """Take no claim from now on (engine exit: the leases and claims are released next)."""
+        self._stopped = True
 
     def notify(self) -> None:
         """New batches are in the outbox (called after they are committed), or a session's turn ended."""
@@ -162,6 +167,8 @@ class RetainDelivery:
         else the seconds after which its session should be tried again.
         """
         config = self._config
+        if self._stopped:
+            return None  # leaving: a claim taken now would outlive the release of this process's claims
         try:
             # Claim, and so read, the batch right before the call: a clear or delete since it
             # was found may have revised or dropped it, and a deleted episode must not be

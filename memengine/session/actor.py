@@ -331,10 +331,12 @@ class SessionActor:
         if new:
             self._window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
+        # Stored: answer first (nothing below may leave the caller waiting), then the follow-ups.
+        self._answer(message, tuple(episode for episode, _ in results))
+        if new:
             self._dispatch_summary()
             if self._retain is not None:
                 self._retain.if_due()
-        self._answer(message, tuple(episode for episode, _ in results))
 
     async def _on_read(self, message: ReadContext) -> None:
         if message.reply.abandoned:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import anyio
 import attrs
 
-from ..errors import LeaseLostError, MemEngineError, UncertainCommitError
+from ..errors import EngineClosedError, LeaseLostError, MemEngineError, UncertainCommitError
 from ..retain.batch import RetainMode
 from ..retain.delivery import RetainDelivery
 from ..store.base import Store
@@ -69,9 +69,12 @@ class RetainFlush:
         if self._in_flight or last_seq - self.retained_through < self._plan.every:
             return
         # Exactly retain_every episodes per batch; the completion checks for the next ones.
-        self._store.submit_retain(
-            self._session_id, self._token(), self._plan.mode, last_seq, self._plan.every, self._recorded
-        )
+        try:
+            self._store.submit_retain(
+                self._session_id, self._token(), self._plan.mode, last_seq, self._plan.every, self._recorded
+            )
+        except EngineClosedError:
+            return  # the store is closing: the tail is recorded on the way out, or at the next start
         self._in_flight = True
 
     def _recorded(self, retained_through: int | None, error: BaseException | None) -> None:

@@ -28,6 +28,7 @@ search.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -85,7 +86,7 @@ def new_owner_id() -> str:
 class _Submission:
     """One operation waiting for its transaction."""
 
-    __slots__ = ("append", "done", "error", "finished", "operation", "result", "size")
+    __slots__ = ("append", "chars", "done", "error", "finished", "operation", "result", "size")
 
     def __init__(
         self,
@@ -93,11 +94,13 @@ class _Submission:
         done: Completion[Any] | None = None,
         append: _Append | None = None,
         size: int = 1,
+        chars: int = 0,
     ) -> None:
         self.operation = operation
         self.done = done
         self.append = append  # set for appends, which can also run together (see _append_run)
-        self.size = size
+        self.size = size  # rows it stores (one for most operations)
+        self.chars = chars  # characters of content it stores
         self.finished: anyio.Event | None = None  # for callers that await the outcome
         self.result: Any = None
         self.error: BaseException | None = None
@@ -106,10 +109,11 @@ class _Submission:
 class _Read(Generic[T]):
     """One read on the read connection (its identity tells whether it is the one running)."""
 
-    __slots__ = ("operation",)
+    __slots__ = ("abandoned", "operation")
 
     def __init__(self, operation: Operation[T]) -> None:
         self.operation = operation
+        self.abandoned = False  # its caller gave up: if it has not started, it never does
 
 
 class GroupCommitStore:
@@ -130,6 +134,12 @@ class GroupCommitStore:
         self._queue_filled = anyio.Event()
         self._closing = False
         self._aborted = False  # read by the worker thread: stop starting transactions
+        # Whether the worker thread is in a transaction, and whether closing gave up on it (then the
+        # thread closes the connection itself when it returns). Guarded by _thread_state.
+        self._thread_state = threading.Lock()
+        self._thread_busy = False
+        self._thread_left_behind = False
+        self._reader_left_behind = False
         self._committer_scope = anyio.CancelScope(shield=True)
         self._committer_done = anyio.Event()
         self._thread_slot = anyio.CapacityLimiter(1)
@@ -162,6 +172,10 @@ class GroupCommitStore:
 
     def _interrupt_reads(self) -> None:
         """Make the statement running on the read connection fail soon (called from the event loop)."""
+
+    def _interrupted(self, error: BaseException) -> bool:
+        """Whether ``error`` is what an interrupt makes a statement raise."""
+        return False
 
     def _reader_connection(self) -> Any:
         """The read connection, reconnected if it was lost."""
@@ -221,6 +235,7 @@ class GroupCommitStore:
             return await anyio.to_thread.run_sync(self._run_read, read, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
             with self._read_lock_state:
+                read.abandoned = True
                 still_running = self._running_read is read
             if still_running:
                 self._interrupt_reads()
@@ -230,20 +245,30 @@ class GroupCommitStore:
 
     def _run_read(self, read: _Read[T]) -> T:
         with self._read_lock:  # one thread at a time on the read connection (an abandoned read may still run)
-            with self._read_lock_state:
-                self._running_read = read
-            try:
-                db = Db(self._reader_connection(), self._dialect)
-                self._begin_read(db)
-                try:
-                    return read.operation(db)
-                finally:
-                    db.execute("ROLLBACK")  # it wrote nothing
-            except self._dialect.errors as exc:
-                raise StoreError(f"reading the store failed: {exc}") from exc
-            finally:
+            for attempt in (1, 2):
                 with self._read_lock_state:
-                    self._running_read = None
+                    if read.abandoned:
+                        raise StoreError("the read was abandoned by its caller")  # nobody receives this
+                    self._running_read = read
+                try:
+                    db = Db(self._reader_connection(), self._dialect)
+                    self._begin_read(db)
+                    try:
+                        return read.operation(db)
+                    finally:
+                        db.execute("ROLLBACK")  # it wrote nothing
+                except self._dialect.errors as exc:
+                    if attempt == 1 and self._interrupted(exc) and not read.abandoned:
+                        continue  # hit by the interrupt meant for an abandoned read before it: once more
+                    raise StoreError(f"reading the store failed: {exc}") from exc
+                finally:
+                    with self._read_lock_state:
+                        self._running_read = None
+                        left_behind = self._reader_left_behind
+                    if left_behind:  # the store closed without it: the connection is this thread's to close
+                        with contextlib.suppress(Exception):
+                            self._reader.close()
+            raise AssertionError("unreachable")
 
     def _take_batch(self) -> list[_Submission]:
         """The next transaction's operations: every urgent one, then queued ones up to the bounds."""
@@ -252,13 +277,11 @@ class GroupCommitStore:
         queue = self._queue
         while queue:
             submission = queue[0]
-            size = submission.size
-            length = sum(len(e.content) for e in submission.append[3]) if submission.append is not None else 0
-            if batch and (rows + size > TRANSACTION_ROWS or chars + length > TRANSACTION_CHARS):
+            if batch and (rows + submission.size > TRANSACTION_ROWS or chars + submission.chars > TRANSACTION_CHARS):
                 break
             batch.append(queue.popleft())
-            rows += size
-            chars += length
+            rows += submission.size
+            chars += submission.chars
         return batch
 
     async def _run_committer(self) -> None:
@@ -281,9 +304,11 @@ class GroupCommitStore:
                     if extra is not None:
                         batch.append(_Submission(extra))
                     try:
+                        with self._thread_state:
+                            self._thread_busy = True
                         # Abandoned only when closing gave up on an interrupted statement (see aclose).
                         await anyio.to_thread.run_sync(
-                            self._commit, batch, limiter=self._thread_slot, abandon_on_cancel=True
+                            self._commit_in_thread, batch, limiter=self._thread_slot, abandon_on_cancel=True
                         )
                     except Exception as exc:
                         # A bug or an unexpected error: fail this batch, keep the committer (and engine) alive.
@@ -316,6 +341,17 @@ class GroupCommitStore:
                 log.exception("a store completion callback failed")
         if submission.finished is not None:
             submission.finished.set()
+
+    def _commit_in_thread(self, batch: list[_Submission]) -> None:
+        try:
+            self._commit(batch)
+        finally:
+            with self._thread_state:
+                self._thread_busy = False
+                left_behind = self._thread_left_behind
+            if left_behind:  # closing gave up on this thread: the connection is its to close
+                with contextlib.suppress(Exception):
+                    self._conn.close()
 
     def _commit(self, batch: list[_Submission]) -> None:
         """Run a batch of operations in one transaction (in the worker thread).
@@ -488,7 +524,8 @@ class GroupCommitStore:
         Shielded: a cancelled caller still gets a store that has stopped.
         """
         if self._aborted:
-            return self._committer_done.is_set()  # closed already, by an interrupt
+            # Closed already, by an interrupt: all ran only if no worker thread was left behind.
+            return self._committer_done.is_set() and not self._thread_left_behind
         self._closing = True
         self._queue_filled.set()
         with anyio.CancelScope(shield=True):
@@ -516,10 +553,14 @@ class GroupCommitStore:
             with anyio.move_on_after(_INTERRUPT_WAIT):
                 await self._committer_done.wait()
                 return True
-            log.error("the store's worker thread did not return after an interrupt; leaving it behind")
-            self._committer_scope.cancel()  # abandons the thread; its connection is left open
+            with self._thread_state:
+                left_behind = self._thread_left_behind = self._thread_busy
+            if left_behind:
+                # Its connection stays open (the thread may still use it); the thread closes it on return.
+                log.error("the store's worker thread did not return after an interrupt; leaving it behind")
+            self._committer_scope.cancel()  # abandons the thread, if it is still running
             await self._committer_done.wait()
-            return False
+            return not left_behind
 
     @asynccontextmanager
     async def serving(self, prepare: Callable[[], object]) -> AsyncIterator[None]:
@@ -546,14 +587,17 @@ class GroupCommitStore:
                     await anyio.to_thread.run_sync(self._close_reader, limiter=self._reader_slot)
 
     def _close_reader(self) -> None:
-        # After a read still running has returned (it was interrupted); one that does not is left behind.
+        # After a read still running has returned (it was interrupted); one that does not is left
+        # behind, and closes the connection itself when it returns.
         if not self._read_lock.acquire(timeout=_INTERRUPT_WAIT):
-            log.error("a read of the store did not return after an interrupt; leaving its connection open")
-            return
+            with self._read_lock_state:
+                self._reader_left_behind = True
+            if not self._read_lock.acquire(blocking=False):
+                log.error("a read of the store did not return after an interrupt; leaving it behind")
+                return
         try:
-            self._reader.close()
-        except self._dialect.errors:
-            pass
+            with contextlib.suppress(Exception):
+                self._reader.close()
         finally:
             self._read_lock.release()
 
@@ -581,13 +625,14 @@ class GroupCommitStore:
     def submit_append(
         self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
     ) -> None:
-        if len(episodes) > TRANSACTION_ROWS or sum(len(e.content) for e in episodes) > TRANSACTION_CHARS:
+        chars = sum(len(e.content) for e in episodes)
+        if len(episodes) > TRANSACTION_ROWS or chars > TRANSACTION_CHARS:
             _AppendInParts(self, session_id, token, first_seq, episodes, done).start()
             return
         operation = functools.partial(
             journal.append, session_id=session_id, token=token, first_seq=first_seq, episodes=episodes
         )
-        self._enqueue(_Submission(operation, done, (session_id, token, first_seq, episodes), len(episodes)))
+        self._enqueue(_Submission(operation, done, (session_id, token, first_seq, episodes), len(episodes), chars))
 
     async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
         return await self._submit(
@@ -632,7 +677,18 @@ class GroupCommitStore:
         return await self._submit(lambda db: outbox.enqueue(db, session_id, token, mode, through_seq))
 
     async def enqueue_all_retains(self, mode: RetainMode, *, orphaned_only: bool = False) -> list[str]:
-        return await self._submit(lambda db: outbox.enqueue_all(db, self.owner, mode, orphaned_only))
+        # A step of at most a hundred sessions per transaction: renewals and writers go in between.
+        handled: list[str] = []
+        after: str | None = None
+        while True:
+            step, after = await self._submit(
+                functools.partial(
+                    outbox.enqueue_all, owner=self.owner, mode=mode, orphaned_only=orphaned_only, after=after
+                )
+            )
+            handled.extend(step)
+            if after is None:
+                return handled
 
     async def pending_retains(self, limit: int) -> list[OutboxEntry]:
         return await self._read(lambda db: outbox.pending(db, limit, journal.episode_from_row))
@@ -714,7 +770,9 @@ class _AppendInParts:
             first_part=index == 0,
             last_part=index == len(self._parts) - 1,
         )
-        return _Submission(operation, self._part_stored, size=len(episodes))
+        return _Submission(
+            operation, self._part_stored, size=len(episodes), chars=sum(len(e.content) for e in episodes)
+        )
 
     def _part_stored(self, results: AppendResult | None, error: BaseException | None) -> None:
         if error is None and results is not None:

@@ -126,6 +126,19 @@ ORPHANED = (
 )
 
 
+def still_unowned(db: Db, session_id: str, owner: str, orphaned_only: bool) -> bool:
+    """:func:`unowned`, checked again for one session with its lease row locked (PostgreSQL) until commit."""
+    row = db.execute(
+        "SELECT owner, expires_at <= {now} FROM session_leases WHERE session_id = ?{for_update}", (session_id,)
+    ).fetchone()
+    if row is None:
+        return not orphaned_only
+    lease_owner, expired = row
+    if orphaned_only:
+        return lease_owner is not None and bool(expired)
+    return lease_owner is None or lease_owner == owner or bool(expired)
+
+
 def unowned(owner: str, orphaned_only: bool) -> tuple[str, tuple[str, ...]]:
     """The SQL condition (on sessions ``s``) and its parameters for sessions this owner may take on."""
     return (ORPHANED, ()) if orphaned_only else (NOT_OWNED_ELSEWHERE, (owner,))

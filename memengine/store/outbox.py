@@ -100,27 +100,34 @@ def enqueue(
     return last_seq
 
 
-def enqueue_all(db: Db, owner: str, mode: RetainMode, orphaned_only: bool = False) -> list[str]:
-    """Enqueue the un-retained tail of every session no other live process owns; return those sessions.
+def enqueue_all(
+    db: Db, owner: str, mode: RetainMode, orphaned_only: bool = False, after: str | None = None, limit: int = 100
+) -> tuple[list[str], str | None]:
+    """Enqueue the un-retained tail of sessions no other live process owns, at most ``limit`` of them.
 
     At engine start (tails a crashed run left) and exit (this process's own);
-    ``orphaned_only`` while running (sessions whose owner died).
+    ``orphaned_only`` while running (sessions whose owner died). Sessions are
+    taken in id order after ``after``; returns those handled, and where the
+    next step starts (``None`` when none are left). Each session's lease is
+    locked and checked again before its tail is touched: another process may
+    have taken it over since the sessions were listed.
     """
     condition, params = leases.unowned(owner, orphaned_only)
-    sessions = [
-        session_id
-        for (session_id,) in db.execute(
-            "SELECT s.session_id FROM sessions AS s WHERE EXISTS "
-            "(SELECT 1 FROM episodes AS e WHERE e.session_id = s.session_id AND e.seq > s.retained_through) "
-            f"AND {condition} ORDER BY s.session_id",
-            params,
-        ).fetchall()
-    ]
-    for session_id in sessions:
+    rows = db.execute(
+        "SELECT s.session_id FROM sessions AS s WHERE EXISTS "
+        "(SELECT 1 FROM episodes AS e WHERE e.session_id = s.session_id AND e.seq > s.retained_through) "
+        f"AND {condition} AND s.session_id > ? ORDER BY s.session_id LIMIT ?",
+        (*params, after or "", limit),
+    ).fetchall()
+    handled = []
+    for (session_id,) in rows:
+        if not leases.still_unowned(db, session_id, owner, orphaned_only):
+            continue
         # Its owner is gone: an add it left half stored was never acknowledged, and is not handed on.
         unfinished.undo_all(db, session_id)
         enqueue(db, session_id, None, mode)
-    return sessions
+        handled.append(session_id)
+    return handled, (rows[-1][0] if len(rows) == limit else None)
 
 
 def drop_session(db: Db, session_id: str) -> None:

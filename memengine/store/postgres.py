@@ -61,6 +61,9 @@ class PostgresStore(GroupCommitStore):
     def _interrupt_reads(self) -> None:
         threading.Thread(target=_cancel, args=(self._reader,), name="memengine cancel", daemon=True).start()
 
+    def _interrupted(self, error: BaseException) -> bool:
+        return isinstance(error, psycopg.errors.QueryCanceled)
+
     def _in_transaction(self) -> bool:
         status = self._conn.info.transaction_status
         return status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)

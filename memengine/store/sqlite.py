@@ -73,6 +73,9 @@ class SQLiteStore(GroupCommitStore):
         if self._reader is not None:
             self._reader.interrupt()
 
+    def _interrupted(self, error: BaseException) -> bool:
+        return isinstance(error, sqlite3.OperationalError) and "interrupted" in str(error)
+
     def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
         if sessions:
             db.executemany(journal.INSERT_SESSION, [(session_id,) for session_id in sessions])
