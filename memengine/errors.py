@@ -56,18 +56,28 @@ class SessionBusyError(MemEngineError):
     """Another process owns the session (holds its lease) and did not give it up in time.
 
     ``owner`` names that process; ``expires_in`` is how long its lease runs
-    unless renewed (seconds). Retry later, or route the session's traffic to
-    its owner.
+    unless renewed (seconds). ``locked`` is true when the lease itself was
+    free to take but another process's transaction held its row locked
+    (PostgreSQL: a process frozen or cut off mid-write; the server ends such a
+    transaction after ``idle_in_transaction_session_timeout``). Retry later,
+    or route the session's traffic to its owner.
     """
 
-    def __init__(self, session_id: str, owner: str, expires_in: float, waited: float = 0.0) -> None:
-        super().__init__(
-            f"session {session_id!r} is owned by {owner!r} (its lease runs {max(expires_in, 0.0):.1f} s more "
-            f"unless renewed); waited {waited:.1f} s"
-        )
+    def __init__(
+        self, session_id: str, owner: str, expires_in: float, waited: float = 0.0, *, locked: bool = False
+    ) -> None:
+        if locked:
+            held = (
+                f"is locked by an unfinished transaction (last owner {owner!r}; the process may be frozen or cut "
+                "off mid-write)"
+            )
+        else:
+            held = f"is owned by {owner!r} (its lease runs {max(expires_in, 0.0):.1f} s more unless renewed)"
+        super().__init__(f"session {session_id!r} {held}; waited {waited:.1f} s")
         self.session_id = session_id
         self.owner = owner
         self.expires_in = expires_in
+        self.locked = locked
 
 
 class LeaseLostError(MemEngineError):

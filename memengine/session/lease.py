@@ -51,8 +51,10 @@ class SessionLease:
                 waited = anyio.current_time() - started
                 left = self._config.lease_wait - waited
                 if left <= 0:
-                    raise SessionBusyError(self._session_id, busy.owner, busy.expires_in, waited) from None
-                await anyio.sleep(min(pause, left, max(busy.expires_in, 0.0) + 0.01))
+                    raise SessionBusyError(
+                        self._session_id, busy.owner, busy.expires_in, waited, locked=busy.locked
+                    ) from None
+                await anyio.sleep(min(pause, left, pause if busy.locked else max(busy.expires_in, 0.0) + 0.01))
                 pause = min(pause * 2, 0.5)
                 continue
             self.renewed(attempt)

@@ -10,7 +10,11 @@ at a time (never two threads on the connection at once).
 No transaction holds the store for long: one takes at most
 :data:`TRANSACTION_ROWS` rows (an add of more is stored in parts, see
 unfinished.py), and lease renewals go into the very next transaction, ahead of
-everything queued, so a burst of writes never lets a lease lapse.
+everything queued, so a burst of writes never lets a lease lapse (PostgreSQL
+renews on a connection of its own, see postgres_renewals.py). An operation
+that waited too long for a lock (``lock_timeout``) is refused alone; the rest
+of its transaction is committed without it. A connection lost while idle is
+replaced and the transaction begun again (nothing was in flight).
 
 Reads that need no lease (recall, listings, the outbox's due batches) run on a
 second, read-only connection in their own thread, so they never wait behind a
@@ -86,7 +90,7 @@ def new_owner_id() -> str:
 class _Submission:
     """One operation waiting for its transaction."""
 
-    __slots__ = ("append", "chars", "done", "error", "finished", "operation", "result", "size")
+    __slots__ = ("append", "chars", "done", "error", "finished", "operation", "refused", "result", "size")
 
     def __init__(
         self,
@@ -104,6 +108,7 @@ class _Submission:
         self.finished: anyio.Event | None = None  # for callers that await the outcome
         self.result: Any = None
         self.error: BaseException | None = None
+        self.refused = False  # it waited too long for a lock (or ran too long): not run again with the rest
 
 
 class _Read(Generic[T]):
@@ -149,6 +154,7 @@ class GroupCommitStore:
         self._running_read: _Read[Any] | None = None
         self._reads_in_flight = 0
         self._transient = False  # set (in the worker thread) when an operation met a deadlock
+        self._reconnected = False  # whether the batch being committed already got a new connection
 
     # -- backend hooks -------------------------------------------------------
 
@@ -180,6 +186,14 @@ class GroupCommitStore:
     def _reader_connection(self) -> Any:
         """The read connection, reconnected if it was lost."""
         return self._reader
+
+    def _reader_lost(self) -> bool:
+        """Whether the read connection is gone (the server dropped it): a read is tried again on a new one."""
+        return False
+
+    def _reconnect(self) -> None:
+        """Replace the write connection, which was lost (in the worker thread, outside a transaction)."""
+        raise NotImplementedError
 
     def _housekeeping(self) -> Operation[Any] | None:
         """An extra operation to ride along with the next transaction, if one is due."""
@@ -260,6 +274,11 @@ class GroupCommitStore:
                 except self._dialect.errors as exc:
                     if attempt == 1 and self._interrupted(exc) and not read.abandoned:
                         continue  # hit by the interrupt meant for an abandoned read before it: once more
+                    if attempt == 1 and self._reader_lost():
+                        # Dropped while idle (a server restart, a failover, a pooler): a read changes nothing,
+                        # so it simply runs again on a new connection.
+                        log.info("the store's read connection was lost (%s); reconnecting", exc)
+                        continue
                     raise StoreError(f"reading the store failed: {exc}") from exc
                 finally:
                     with self._read_lock_state:
@@ -360,16 +379,17 @@ class GroupCommitStore:
         and the batch runs again with a savepoint around each operation, so only
         the failing one is refused.
         """
-        db = Db(self._conn, self._dialect)
+        self._reconnected = False
         for attempt in range(_TRANSIENT_ATTEMPTS):
             if self._aborted:
                 break
             self._transient = False
-            if self._transaction(db, batch, isolate=False):
+            if self._transaction([s for s in batch if not s.refused], isolate=False):
                 return
             if self._aborted:
                 break
-            if not self._transient and self._transaction(db, batch, isolate=True):
+            # Without the operation that waited too long, if one did: it would only wait again.
+            if not self._transient and self._transaction([s for s in batch if not s.refused], isolate=True):
                 return
             if self._aborted:
                 break
@@ -387,12 +407,24 @@ class GroupCommitStore:
             submission.result = None
             submission.error = StoreError(f"nothing was stored: {reason}")
 
-    def _transaction(self, db: Db, batch: list[_Submission], *, isolate: bool) -> bool:
+    def _transaction(self, batch: list[_Submission], *, isolate: bool) -> bool:
         errors = self._dialect.errors
+        db = Db(self._conn, self._dialect)
         try:
             self._begin(db)
         except errors as exc:
             self._rollback(db)
+            if self._connection_lost() and not self._reconnected:
+                # Dropped while idle, or during the attempt before (which the server then rolled
+                # back): nothing is in flight, so the transaction is simply begun on a new connection.
+                self._reconnected = True
+                log.info("the store's connection was lost (%s); reconnecting", exc)
+                try:
+                    self._reconnect()
+                except errors as again:
+                    exc = again
+                else:
+                    return self._transaction(batch, isolate=isolate)
             for submission in batch:
                 submission.result = None
                 submission.error = StoreError(f"could not begin a transaction: {exc}")
@@ -507,6 +539,16 @@ class GroupCommitStore:
         except self._dialect.transient as exc:
             submission.error = StoreError(str(exc))
             self._transient = True
+            return False
+        except self._dialect.too_slow as exc:
+            if self._aborted:
+                submission.error = StoreError(str(exc))
+            else:
+                submission.refused = True
+                submission.error = StoreError(
+                    "nothing was stored: a statement waited too long, for a lock another transaction holds (that "
+                    f"process may be frozen or cut off mid-write) or for the database ({exc})"
+                )
             return False
         except self._dialect.errors as exc:
             submission.error = StoreError(str(exc))

@@ -7,7 +7,9 @@ named slots for what SQLite and PostgreSQL spell differently:
   the database, so the processes sharing it need not agree on the time);
 - ``{greatest}``: the two-argument maximum (``max`` / ``greatest``);
 - ``{for_share}`` / ``{for_update}``: row locks, which PostgreSQL needs under
-  READ COMMITTED and SQLite (one writer at a time) does not.
+  READ COMMITTED and SQLite (one writer at a time) does not;
+- ``{skip_locked}``: lock the row unless another transaction holds it (then the
+  row is not returned): for rows a frozen process may hold, never waited for.
 
 Both drivers' connections have ``execute(sql, params)`` returning a cursor with
 ``fetchone``, ``fetchall`` and ``rowcount``, so the operations need nothing more.
@@ -29,9 +31,13 @@ class Dialect:
     greatest: str
     for_share: str
     for_update: str
+    skip_locked: str
     errors: tuple[type[BaseException], ...]
     #: Errors that say "try the whole transaction again" (another transaction deadlocked with it).
     transient: tuple[type[BaseException], ...] = ()
+    #: Errors that say "this statement waited too long" (``lock_timeout``, ``statement_timeout``):
+    #: the operation that met one is refused alone, not run again with the rest of its transaction.
+    too_slow: tuple[type[BaseException], ...] = ()
 
 
 def sqlite_dialect() -> Dialect:
@@ -44,6 +50,7 @@ def sqlite_dialect() -> Dialect:
         greatest="max",
         for_share="",
         for_update="",
+        skip_locked="",
         errors=(sqlite3.Error,),
     )
 
@@ -58,8 +65,10 @@ def postgres_dialect() -> Dialect:
         greatest="greatest",
         for_share=" FOR SHARE",
         for_update=" FOR UPDATE",
+        skip_locked=" FOR UPDATE SKIP LOCKED",
         errors=(psycopg.Error,),
         transient=(psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure),
+        too_slow=(psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled),
     )
 
 
@@ -81,7 +90,11 @@ class Db:
         if text is None:
             d = self.dialect
             text = template.format(
-                now=d.now, greatest=d.greatest, for_share=d.for_share, for_update=d.for_update
+                now=d.now,
+                greatest=d.greatest,
+                for_share=d.for_share,
+                for_update=d.for_update,
+                skip_locked=d.skip_locked,
             ).replace("?", d.placeholder)
             if len(_TEXTS) < 4096:  # IN lists of many lengths must not grow it without bound
                 _TEXTS[key] = text

@@ -24,19 +24,33 @@ def acquire(db: Db, session_id: str, owner: str, ttl: float) -> int | SessionBus
 
     Busy is returned, not raised, so the transaction it shares with other
     operations goes on; and a lease seen held is not touched (a refused
-    upsert would still lock its row on PostgreSQL).
+    upsert would still lock its row on PostgreSQL). Nor is a lease row that
+    another transaction has locked waited for (PostgreSQL): that transaction
+    may belong to a process frozen mid-write, and every operation sharing
+    this transaction would wait with it. The session is reported busy
+    instead, and the caller tries again within ``lease_wait``.
     """
-    busy = _held_elsewhere(db, session_id, owner)
+    holder = db.execute(
+        "SELECT owner, expires_at - {now} FROM session_leases WHERE session_id = ?{skip_locked}", (session_id,)
+    ).fetchone()
+    if holder is None:
+        locked = db.execute(
+            "SELECT owner, expires_at - {now} FROM session_leases WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        if locked is not None:
+            return SessionBusyError(session_id, locked[0] or "another process", float(locked[1]), locked=True)
+    busy = _busy(session_id, owner, holder)
     if busy is not None:
         return busy
     row = db.execute(
         "INSERT INTO session_leases (session_id, owner, token, expires_at) VALUES (?, ?, 1, {now} + ?) "
+        # The expiry is computed again on conflict: the row lock may have been waited for.
         "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, token = session_leases.token + 1, "
-        "  expires_at = excluded.expires_at "
+        "  expires_at = {now} + ? "
         "WHERE session_leases.owner IS NULL OR session_leases.owner = excluded.owner "
         "  OR session_leases.expires_at <= {now} "
         "RETURNING token",
-        (session_id, owner, ttl),
+        (session_id, owner, ttl, ttl),
     ).fetchone()
     if row is not None:
         return int(row[0])
@@ -48,6 +62,10 @@ def _held_elsewhere(db: Db, session_id: str, owner: str) -> SessionBusyError | N
     holder = db.execute(
         "SELECT owner, expires_at - {now} FROM session_leases WHERE session_id = ?", (session_id,)
     ).fetchone()
+    return _busy(session_id, owner, holder)
+
+
+def _busy(session_id: str, owner: str, holder: tuple | None) -> SessionBusyError | None:
     if holder is None or holder[0] is None or holder[0] == owner or holder[1] <= 0:
         return None
     return SessionBusyError(session_id, holder[0], float(holder[1]))
@@ -127,12 +145,18 @@ ORPHANED = (
 
 
 def still_unowned(db: Db, session_id: str, owner: str, orphaned_only: bool) -> bool:
-    """:func:`unowned`, checked again for one session with its lease row locked (PostgreSQL) until commit."""
+    """:func:`unowned`, checked again for one session with its lease row locked (PostgreSQL) until commit.
+
+    A lease row another transaction holds locked counts as owned: never waited for.
+    """
     row = db.execute(
-        "SELECT owner, expires_at <= {now} FROM session_leases WHERE session_id = ?{for_update}", (session_id,)
+        "SELECT owner, expires_at <= {now} FROM session_leases WHERE session_id = ?{skip_locked}", (session_id,)
     ).fetchone()
     if row is None:
-        return not orphaned_only
+        # No lease yet, or one another transaction has locked (left alone: it may never end).
+        return not orphaned_only and db.execute(
+            "SELECT 1 FROM session_leases WHERE session_id = ?", (session_id,)
+        ).fetchone() is None
     lease_owner, expired = row
     if orphaned_only:
         return lease_owner is not None and bool(expired)

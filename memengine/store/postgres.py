@@ -1,9 +1,13 @@
 """The PostgreSQL store: for several processes (or machines) serving the same sessions.
 
 The operations and the committer are shared with SQLite (committer.py,
-journal.py, outbox.py, leases.py): one connection per process, group commit,
-psycopg 3's blocking driver run in a worker thread, so it works the same under
-asyncio and trio. This module connects (reconnecting after a lost connection),
+journal.py, outbox.py, leases.py): group commit on one write connection per
+process, reads on a second, psycopg 3's blocking driver run in worker
+threads, so it works the same under asyncio and trio. Lease renewals get a
+third connection (postgres_renewals.py): a write waiting for a lock held by
+a frozen replica never holds up this process's renewals. A connection the
+server dropped while idle is replaced before its next transaction. This
+module connects (reconnecting after a lost connection),
 inserts a run of appends with one ``unnest`` statement, and searches with
 PostgreSQL's full-text search (postgres_recall.py).
 """
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,6 +26,7 @@ from . import journal, postgres_recall
 from .base import Recalled
 from .committer import GroupCommitStore
 from .dialect import Db, postgres_dialect
+from .postgres_renewals import RenewalConnection
 from .postgres_schema import migrate
 
 try:
@@ -45,14 +50,29 @@ class PostgresStore(GroupCommitStore):
     def __init__(self, conn: psycopg.Connection[Any], url: str, owner: str | None = None) -> None:
         super().__init__(conn, postgres_dialect(), owner)
         self._url = url
+        self._renewals = RenewalConnection(self._new_connection, self._dialect)
+
+    def _new_connection(self) -> psycopg.Connection[Any]:
+        return _connect(self._url)
+
+    async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
+        # On a connection of their own: never behind queued writes, nor a write waiting for a lock.
+        return await self._renewals.renew(self.owner, held, ttl)
 
     def _begin_read(self, db: Db) -> None:
         db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")  # one snapshot for the whole read
 
     def _reader_connection(self) -> Any:
         if self._reader.closed or self._reader.broken:
-            self._reader = _connect(self._url)
+            self._reader = self._new_connection()
         return self._reader
+
+    def _reader_lost(self) -> bool:
+        return bool(self._reader.closed or self._reader.broken)
+
+    def _reconnect(self) -> None:
+        old, self._conn = self._conn, self._new_connection()
+        old.close()
 
     def _interrupt(self) -> None:
         # Cancelling talks to the server over a new connection: not from the event loop.
@@ -74,7 +94,7 @@ class PostgresStore(GroupCommitStore):
     def _commit(self, batch: list[Any]) -> None:
         if self._conn.closed:
             # The server went away (restart, failover): the batch gets a new connection.
-            self._conn = _connect(self._url)
+            self._conn = self._new_connection()
         super()._commit(batch)
 
     def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
@@ -116,5 +136,9 @@ async def open_postgres_store(url: str, *, owner: str | None = None) -> AsyncIte
         migrate(conn)
         store._reader = _connect(url)  # reads go on their own connection
 
-    async with store.serving(prepare):
-        yield store
+    try:
+        async with store.serving(prepare):
+            yield store
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(store._renewals.close)

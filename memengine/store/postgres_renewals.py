@@ -1,0 +1,95 @@
+"""Lease renewals on a connection of their own (PostgreSQL).
+
+A renewal must never wait behind the writes queued before it, nor behind a
+write transaction that meets a lock (another replica frozen mid-write holds
+its rows until the server ends its session): if it did, this process's own
+leases would lapse while it is healthy. So on PostgreSQL, renewals do not go
+through the group committer but run on a third connection, one short
+transaction each, in their own thread. (On SQLite, one writer at a time, they
+go into the committer's next transaction, ahead of everything queued.)
+
+A renewal whose caller is cancelled is left to finish (it only extends leases
+that are still this process's). Closing waits a moment for a renewal in
+progress; one that does not return then is left behind and closes the
+connection itself when it does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import anyio
+
+from ..errors import EngineClosedError, StoreError
+from . import leases
+from .dialect import Db, Dialect
+
+log = logging.getLogger("memengine.store")
+
+#: Seconds closing waits for a renewal in progress before leaving it behind.
+_CLOSE_WAIT = 2.0
+
+
+class RenewalConnection:
+    """Runs :func:`leases.renew` on a connection opened (and reopened) by ``connect``."""
+
+    def __init__(self, connect: Callable[[], Any], dialect: Dialect) -> None:
+        self._connect = connect
+        self._dialect = dialect
+        self._conn: Any = None
+        self._lock = threading.Lock()  # one thread on the connection at a time
+        self._state = threading.Lock()
+        self._closed = False
+
+    async def renew(self, owner: str, held: Iterable[tuple[str, int]], ttl: float) -> set[str]:
+        if self._closed:
+            raise EngineClosedError("the store is closed")
+        held = list(held)
+        return await anyio.to_thread.run_sync(self._renew, owner, held, ttl, abandon_on_cancel=True)
+
+    def _renew(self, owner: str, held: list[tuple[str, int]], ttl: float) -> set[str]:
+        with self._lock:
+            try:
+                for attempt in (1, 2):
+                    if self._closed:
+                        raise EngineClosedError("the store is closed")
+                    try:
+                        if self._conn is None or self._conn.closed or self._conn.broken:
+                            self._conn = self._connect()
+                        with self._conn.transaction():
+                            return leases.renew(Db(self._conn, self._dialect), owner, held, ttl)
+                    except self._dialect.errors as exc:
+                        lost = self._conn is None or self._conn.closed or self._conn.broken
+                        if attempt == 1 and (lost or isinstance(exc, self._dialect.transient)):
+                            # Dropped while idle, or deadlocked with this process's own writer: once more.
+                            log.info("renewing leases met %r; trying again", exc)
+                            continue
+                        raise StoreError(f"renewing leases failed: {exc}") from exc
+                raise AssertionError("unreachable")
+            finally:
+                with self._state:
+                    left_behind = self._closed
+                if left_behind:
+                    self._close_connection()
+
+    def close(self) -> None:
+        """Close the connection (in a thread), after a renewal in progress, or leave that renewal behind."""
+        acquired = self._lock.acquire(timeout=_CLOSE_WAIT)
+        with self._state:
+            self._closed = True
+        if not acquired and not self._lock.acquire(blocking=False):
+            log.error("a lease renewal did not return in time; leaving it behind")
+            return
+        try:
+            self._close_connection()
+        finally:
+            self._lock.release()
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
