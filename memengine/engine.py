@@ -145,9 +145,12 @@ class Engine:
 
         Sessions left by a crashed run or a dead replica (their leases expired)
         get their un-retained tails recorded for delivery and, if their evicted
-        episodes are unsummarized, are activated to summarize them.
+        episodes are unsummarized, are activated to summarize them. Those that
+        need nothing more are released (store/orphans.py), so the sweep does not
+        grow with every process that ever died.
         """
-        interval = self._services.config.lease_ttl
+        config = self._services.config
+        interval = config.lease_ttl
         orphaned_only = False  # at start: also sessions a crashed run of this same owner name left
         while True:
             if resume_summaries:
@@ -160,6 +163,13 @@ class Engine:
                         self._delivery.notify()
                 except Exception:
                     log.exception("could not record the retain tails of sessions no process owns")
+            try:
+                # What was handled (now or by an earlier sweep) is let go: the sweep stays small.
+                await self._services.store.release_orphans(
+                    config.max_episodes, config.max_chars, retaining=self._delivery is not None
+                )
+            except Exception:
+                log.exception("could not release the leases of sessions whose owner died")
 
     async def _resume_pending_summaries(self, orphaned_only: bool) -> None:
         """Activate sessions left with evicted, unsummarized episodes (by a crash or shutdown)."""

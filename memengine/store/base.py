@@ -185,6 +185,13 @@ class Store(Protocol):
         With ``orphaned_only``, only those whose owner died (lease expired, never released).
         """
 
+    async def release_orphans(self, max_episodes: int, max_chars: int, *, retaining: bool) -> int:
+        """Release the leases of sessions whose owner died and that need nothing more; return how many.
+
+        Nothing more: no summary for the given window, and (if ``retaining``)
+        no un-retained tail. See orphans.py.
+        """
+
     def submit_retain(
         self,
         session_id: str,

@@ -51,7 +51,7 @@ import anyio
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
-from . import journal, leases, outbox
+from . import journal, leases, orphans, outbox
 from .base import (
     AppendResult,
     Completion,
@@ -693,6 +693,23 @@ class GroupCommitStore:
         return await self._read(
             lambda db: journal.sessions_needing_summary(db, self.owner, max_episodes, max_chars, orphaned_only)
         )
+
+    async def release_orphans(self, max_episodes: int, max_chars: int, *, retaining: bool) -> int:
+        released = 0
+        after: str | None = None
+        while True:
+            step, after = await self._submit(
+                functools.partial(
+                    orphans.release_handled,
+                    max_episodes=max_episodes,
+                    max_chars=max_chars,
+                    retaining=retaining,
+                    after=after,
+                )
+            )
+            released += step
+            if after is None:
+                return released
 
     async def list_sessions(self) -> list[SessionRow]:
         return await self._read(journal.list_sessions)
