@@ -149,6 +149,7 @@ class GroupCommitStore:
         self._committer_done = anyio.Event()
         self._thread_slot = anyio.CapacityLimiter(1)
         self._reader_slot = anyio.CapacityLimiter(1)  # closing the reader waits for no other thread
+        self._read_slot = anyio.CapacityLimiter(1)  # reads, one at a time (as the read connection takes them)
         self._read_lock = threading.Lock()
         self._read_lock_state = threading.Lock()
         self._running_read: _Read[Any] | None = None
@@ -246,7 +247,9 @@ class GroupCommitStore:
         read = _Read(operation)
         self._reads_in_flight += 1
         try:
-            return await anyio.to_thread.run_sync(self._run_read, read, abandon_on_cancel=True)
+            # One thread slot of their own: reads queued for the read connection hold no slot of
+            # anyio's shared pool (renewals, the app's own threads), only this one.
+            return await anyio.to_thread.run_sync(self._run_read, read, limiter=self._read_slot, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
             with self._read_lock_state:
                 read.abandoned = True

@@ -92,7 +92,7 @@ def all_held(db: Db, leases: Sequence[tuple[str, int]]) -> bool:
     values = ", ".join(["(?, ?)"] * len(distinct))
     rows = db.execute(
         f"SELECT session_id FROM session_leases WHERE expires_at > {{now}} "
-        f"AND (session_id, token) IN (VALUES {values}){{for_share}}",
+        f"AND (session_id, token) IN (VALUES {values}) ORDER BY session_id{{for_share}}",
         [part for lease in distinct for part in lease],
     ).fetchall()
     return len(rows) == len(distinct)
@@ -109,9 +109,12 @@ def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float) -> 
     for start in range(0, len(held), _PER_STATEMENT):  # stay far below the drivers' parameter limits
         chunk = held[start : start + _PER_STATEMENT]
         values = ", ".join(["(?, ?)"] * len(chunk))
+        # The rows are locked in id order, as all_held locks them: a renewal on its own connection
+        # (PostgreSQL) waits for this process's writes instead of deadlocking with them.
         rows = db.execute(
-            f"UPDATE session_leases SET expires_at = {{now}} + ? "
-            f"WHERE owner = ? AND expires_at > {{now}} AND (session_id, token) IN (VALUES {values}) "
+            "UPDATE session_leases SET expires_at = {now} + ? WHERE session_id IN ("
+            f"  SELECT session_id FROM session_leases WHERE owner = ? AND expires_at > {{now}} "
+            f"  AND (session_id, token) IN (VALUES {values}) ORDER BY session_id{{for_update}}) "
             "RETURNING session_id",
             [ttl, owner, *(part for lease in chunk for part in lease)],
         ).fetchall()

@@ -30,6 +30,8 @@ from .dialect import Db, Dialect
 
 log = logging.getLogger("memengine.store")
 
+#: Tries of one renewal (a lost connection or a deadlock is tried again).
+_ATTEMPTS = 4
 #: Seconds closing waits for a renewal in progress before leaving it behind.
 _CLOSE_WAIT = 2.0
 
@@ -44,17 +46,21 @@ class RenewalConnection:
         self._lock = threading.Lock()  # one thread on the connection at a time
         self._state = threading.Lock()
         self._closed = False
+        # Its own thread slot: renewals never queue behind reads, sink calls or the app's threads.
+        self._slot = anyio.CapacityLimiter(1)
 
     async def renew(self, owner: str, held: Iterable[tuple[str, int]], ttl: float) -> set[str]:
         if self._closed:
             raise EngineClosedError("the store is closed")
         held = list(held)
-        return await anyio.to_thread.run_sync(self._renew, owner, held, ttl, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(
+            self._renew, owner, held, ttl, limiter=self._slot, abandon_on_cancel=True
+        )
 
     def _renew(self, owner: str, held: list[tuple[str, int]], ttl: float) -> set[str]:
         with self._lock:
             try:
-                for attempt in (1, 2):
+                for attempt in range(1, _ATTEMPTS + 1):
                     if self._closed:
                         raise EngineClosedError("the store is closed")
                     try:
@@ -64,8 +70,8 @@ class RenewalConnection:
                             return leases.renew(Db(self._conn, self._dialect), owner, held, ttl)
                     except self._dialect.errors as exc:
                         lost = self._conn is None or self._conn.closed or self._conn.broken
-                        if attempt == 1 and (lost or isinstance(exc, self._dialect.transient)):
-                            # Dropped while idle, or deadlocked with this process's own writer: once more.
+                        if attempt < _ATTEMPTS and (lost or isinstance(exc, self._dialect.transient)):
+                            # Dropped while idle, or deadlocked with a writer (the server broke it): again.
                             log.info("renewing leases met %r; trying again", exc)
                             continue
                         raise StoreError(f"renewing leases failed: {exc}") from exc
