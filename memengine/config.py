@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 
@@ -24,6 +26,23 @@ def _non_negative_seconds(instance: object, attribute: attrs.Attribute[float], v
         _positive_seconds(instance, attribute, value)
 
 
+def _optional_positive_int(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None:
+        _positive_int(instance, attribute, value)
+
+
+def _fraction(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"SessionConfig.{attribute.name} must be a number, not {type(value).__name__}")
+    if not 0 < value <= 1:
+        raise ValueError(f"SessionConfig.{attribute.name} must be more than 0 and at most 1, got {value}")
+
+
+def _optional_callable(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"SessionConfig.{attribute.name} must be a callable (str -> int) or None, not {value!r}")
+
+
 def _optional_seconds(instance: object, attribute: attrs.Attribute[float | None], value: object) -> None:
     if value is not None:
         _positive_seconds(instance, attribute, value)
@@ -33,8 +52,18 @@ def _optional_seconds(instance: object, attribute: attrs.Attribute[float | None]
 class SessionConfig:
     """How every session of an engine behaves.
 
-    ``max_episodes`` and ``max_chars`` bound the raw window: when either is
-    exceeded, the oldest episodes are handed to the session's summarizer.
+    ``max_episodes``, ``max_chars`` and ``max_tokens`` (``None``: no token
+    bound) bound the raw window, whichever binds first. When an added episode
+    makes the window overflow, the oldest episodes are evicted (handed to the
+    session's summarizer) until what stays fits ``evict_to`` of every bound:
+    with the default 0.5, the window holds between half and all of its budget,
+    and one summarizer call covers about half a window instead of one episode
+    per turn. ``evict_to=1.0`` evicts only what overflows (a fuller window, an
+    LLM call per turn at human pace). A tool call and its results are always
+    evicted together (see :mod:`memengine.tool_calls`). ``tokenizer`` counts
+    an episode's tokens (any ``str -> int``; default
+    :func:`memengine.tokens.estimate_tokens`, offline); each episode is counted
+    once, and ``Context.tokens`` reports what a read returns.
     ``retain_every`` is the batch size of the hand-off to long-term memory.
     ``passivate_after`` is how long (seconds) an idle session stays in memory;
     ``None`` keeps it until the engine closes. The ``summarize_*`` settings
@@ -42,7 +71,12 @@ class SessionConfig:
     exponential backoff (starting at ``summarize_backoff``, capped at
     ``summarize_backoff_max``, with jitter), then the batch stays pending and is
     tried again ``summarize_retry_later`` seconds later. ``summarize_batch_max``
-    caps how many episodes go into one summarizer call; ``summarize_timeout``
+    caps how many episodes go into one summarizer call, and
+    ``summarize_input_max_chars`` (with a ``tokenizer``, also
+    ``summarize_input_max_tokens``) how much text, the previous summary
+    included: a larger backlog takes several calls, and an episode larger than
+    the bound on its own reaches the summarizer cut, with a marker saying so
+    (it stays stored whole); ``summarize_timeout``
     bounds one call (a call that takes longer counts as a failed attempt). The ``retain_*``
     settings do the same for deliveries to the retain sink: ``retain_timeout``
     bounds one sink call (it is cancelled then, and the batch is retried), and a
@@ -66,6 +100,9 @@ class SessionConfig:
 
     max_episodes: int = attrs.field(default=20, validator=_positive_int)
     max_chars: int = attrs.field(default=8000, validator=_positive_int)
+    max_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    tokenizer: Callable[[str], int] | None = attrs.field(default=None, validator=_optional_callable)
+    evict_to: float = attrs.field(default=0.5, validator=_fraction)
     retain_every: int = attrs.field(default=20, validator=_positive_int)
     passivate_after: float | None = attrs.field(default=300.0, validator=_optional_seconds)
     summarize_attempts: int = attrs.field(default=4, validator=_positive_int)
@@ -74,7 +111,9 @@ class SessionConfig:
     summarize_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
     summarize_batch_max: int = attrs.field(default=200, validator=_positive_int)
     summarize_timeout: float = attrs.field(default=120.0, validator=_positive_seconds)
-    max_content_chars: int = attrs.field(default=100_000, validator=_positive_int)
+    summarize_input_max_chars: int = attrs.field(default=1_000_000, validator=_positive_int)
+    summarize_input_max_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    max_content_chars: int = attrs.field(default=4_000_000, validator=_positive_int)
     max_metadata_bytes: int = attrs.field(default=16_384, validator=_positive_int)
     retain_attempts: int = attrs.field(default=5, validator=_positive_int)
     retain_backoff: float = attrs.field(default=0.5, validator=_positive_seconds)

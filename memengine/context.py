@@ -16,7 +16,9 @@ class Context:
     live episode after that, in order. Together they cover the session with no
     gap and no overlap. Episodes with ``seq <= evicted_through`` have left the
     window and are waiting for their summary; they stay visible raw until it is
-    stored.
+    stored. ``tokens`` counts the summary and the episodes returned, by the
+    session's tokenizer (``SessionConfig.tokenizer``, else an offline
+    estimate), so a caller can budget the rest of its prompt.
     """
 
     session_id: str
@@ -24,3 +26,4 @@ class Context:
     summarized_through: int
     episodes: tuple[Episode, ...]
     evicted_through: int
+    tokens: int = 0

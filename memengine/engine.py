@@ -25,6 +25,7 @@ from .session.messages import ClientMessage, LeaseLost, Tick
 from .session.retain_flush import RetainPlan
 from .store.base import Recalled, Store
 from .store.open import open_store
+from .tokens import checked
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.protocol import Summarizer
 
@@ -295,6 +296,8 @@ async def open_engine(
         summarizer = ExtractiveSummarizer()
     else:
         _require_async_method(summarizer, "summarizer", "summarize", "previous, episodes")
+    if config.tokenizer is not None:
+        _check_tokenizer(config.tokenizer)
     if isinstance(max_concurrent_summaries, bool) or not isinstance(max_concurrent_summaries, int):
         raise TypeError("max_concurrent_summaries must be an int")
     if max_concurrent_summaries < 1:
@@ -424,6 +427,14 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
         for inner in group.exceptions
         for leaf in (_leaves(inner) if isinstance(inner, BaseExceptionGroup) else [inner])
     ]
+
+
+def _check_tokenizer(tokenizer: Callable[[str], int]) -> None:
+    """Count a short text at open, so a tokenizer that cannot work fails here, not at the first add."""
+    try:
+        checked(tokenizer)("memengine checks its tokenizer")
+    except Exception as exc:
+        raise TypeError(f"SessionConfig.tokenizer failed on a short text: {exc!r}") from exc
 
 
 def _require_async_method(target: object, what: str, name: str, arguments: str) -> None:

@@ -33,7 +33,7 @@ class StuckSink:
 
 
 async def main(path: str, session_id: str, count: int, retain_every: int | None) -> None:
-    config = SessionConfig(max_episodes=3, retain_every=retain_every or 20)
+    config = SessionConfig(evict_to=1.0, max_episodes=3, retain_every=retain_every or 20)
     sink = StuckSink() if retain_every else None
     async with open_engine(
         path, summarizer=StuckSummarizer(), retain_sink=sink, config=config, owner=RESTARTED_OWNER

@@ -73,6 +73,7 @@ def config_for(seed: int) -> SessionConfig:
     """The engine settings of a seed's run (the test reopens the database with the same)."""
     rng = random.Random(f"config-{seed}")
     return SessionConfig(
+        evict_to=1.0,
         max_episodes=rng.choice([2, 3, 4, 6]),
         max_chars=rng.choice([100_000, 110]),
         retain_every=rng.choice([2, 3, 5]),

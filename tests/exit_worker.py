@@ -29,7 +29,9 @@ from memengine import Episode, SessionConfig, open_engine
 SESSIONS = ("alice", "bob", "carol")
 GRACE = 1.0
 #: Short leases, so the next start takes over what a failed release left within a second.
-CONFIG = SessionConfig(max_episodes=3, retain_every=2, lease_ttl=1.0, lease_wait=3.0, passivate_after=None)
+CONFIG = SessionConfig(
+    evict_to=1.0, max_episodes=3, retain_every=2, lease_ttl=1.0, lease_wait=3.0, passivate_after=None
+)
 
 
 class StuckSink:

@@ -51,7 +51,7 @@ def large_add() -> list[Episode]:
 
 async def main(store: str, session_id: str) -> None:
     committer.TRANSACTION_ROWS = PART
-    async with open_engine(store, config=SessionConfig(max_episodes=10_000), owner=OWNER) as engine:
+    async with open_engine(store, config=SessionConfig(evict_to=1.0, max_episodes=10_000), owner=OWNER) as engine:
         session = engine.session(session_id)
         await session.add([Episode("user", "before the large add", id="before")])
         print("acked", flush=True)

@@ -37,6 +37,7 @@ from .fakes import fold
 
 SESSIONS = [f"shared-{n:02d}" for n in range(50)]
 CONFIG = SessionConfig(
+    evict_to=1.0,
     max_episodes=4,
     # Short by default: in the hammer, sessions move between the processes all the time.
     passivate_after=float(os.environ.get("MEMENGINE_TEST_PASSIVATE_AFTER", "0.05")),

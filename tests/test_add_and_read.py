@@ -83,7 +83,7 @@ async def test_round_trip_is_exact(store_url) -> None:
 @pytest.mark.parametrize(("max_episodes", "max_chars"), [(3, 10_000), (50, 40), (4, 33)])
 async def test_no_gap_no_overlap(db_path, max_episodes: int, max_chars: int) -> None:
     """Summary contents + raw contents are exactly the live episodes, in order, at every read."""
-    config = SessionConfig(max_episodes=max_episodes, max_chars=max_chars)
+    config = SessionConfig(evict_to=1.0, max_episodes=max_episodes, max_chars=max_chars)
     async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         expected: list[str] = []

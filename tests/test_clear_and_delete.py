@@ -10,7 +10,7 @@ from .fakes import GatedSummarizer, RecordingSummarizer, add_each, covered, turn
 
 pytestmark = pytest.mark.anyio
 
-SMALL_WINDOW = SessionConfig(max_episodes=3)
+SMALL_WINDOW = SessionConfig(evict_to=1.0, max_episodes=3)
 
 
 async def test_clear_removes_everything_from_memory_and_store(db_path, stored) -> None:
@@ -82,7 +82,8 @@ async def test_delete_drops_covering_summaries_and_resummarizes(db_path, stored)
         context = await session.context(wait_for_summary=True)
         live = [f"turn {i}" for i in (1, 2, 3, 4, 6, 7, 8, 10)]
         assert covered(context.summary) + [e.content for e in context.episodes] == live
-        assert [e.seq for e in context.episodes] == [7, 8, 10]
+        # Evicted stays evicted (the boundary, through 7, is stored): the window does not refill from below.
+        assert [e.seq for e in context.episodes] == [8, 10]
     for through, summary in stored.summaries("s"):
         assert "turn 5" not in summary.split("|"), (through, summary)
         assert "turn 9" not in summary.split("|"), (through, summary)
@@ -131,7 +132,7 @@ async def test_deleted_id_can_be_added_again(db_path) -> None:
 
 async def test_seventy_thousand_seqs_are_deleted_in_one_call_on_every_store(store_url, rows) -> None:
     """More seqs than a driver can bind in one statement: deleted at once, duplicates counted once."""
-    keep_everything_raw = SessionConfig(max_episodes=100_000, max_chars=10**9)
+    keep_everything_raw = SessionConfig(evict_to=1.0, max_episodes=100_000, max_chars=10**9)
     async with open_engine(store_url, config=keep_everything_raw) as engine:
         session = engine.session("s")
         await session.add([Episode("user", f"turn {n}") for n in range(1, 1_501)])

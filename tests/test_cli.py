@@ -77,14 +77,16 @@ def test_demo_stores_the_turns_and_prints_checkpoints_summary_and_final_context(
     out = capsys.readouterr().out
     assert len(stored_episodes(db)) == 80
     covered, summary = latest_summary(db)
-    assert covered == 60  # the final read waited until everything evicted from the 20-episode window was summarized
+    # The final read waited until everything evicted from the 20-episode window was summarized: it evicts
+    # down to half the window each time it overflows (at turns 21, 32, ..., 76), so through seq 66.
+    assert covered == 66
     assert "turn 40 (seq 40)" in out
     assert "turn 80 (seq 80)" in out
     assert "summarized_through:" in out and "evicted_through:" in out
     assert "Final context after 80 turns (read with wait_for_summary=True):" in out
-    assert "summary (covers seqs up to 60):" in out
+    assert "summary (covers seqs up to 66):" in out
     assert summary.splitlines()[0][:60] in out  # the stored summary is what was shown
-    assert "raw episodes after the summary (20, of which 0 wait for a summary):" in out
+    assert "raw episodes after the summary (14, of which 0 wait for a summary):" in out
     assert f"memengine inspect {db} demo" in out
 
 
@@ -107,7 +109,7 @@ def test_running_the_demo_again_replaces_the_earlier_run(demo_db: Path, capsys: 
 
     assert "Cleared session 'demo' from an earlier run" in capsys.readouterr().out
     assert stored_episodes(demo_db) == first_episodes  # the same 60 turns, not 120
-    assert latest_summary(demo_db)[0] == first_coverage == 40
+    assert latest_summary(demo_db)[0] == first_coverage == 44
     assert query(demo_db, "SELECT count(*) FROM summaries WHERE through_seq <= 60") == [(0,)]
 
 
@@ -116,8 +118,9 @@ def test_demo_window_options_shape_the_context(tmp_path: Path, capsys: pytest.Ca
 
     out = capsys.readouterr().out
     assert "Window: at most 5 raw episodes and 8000 characters" in out
-    assert "raw episodes after the summary (5, of which 0 wait for a summary):" in out
-    assert "summary (covers seqs up to 25):" in out
+    # Evicted down to max(1, 5 // 2) = 2 episodes at each overflow (turns 6, 10, ..., 30).
+    assert "raw episodes after the summary (2, of which 0 wait for a summary):" in out
+    assert "summary (covers seqs up to 28):" in out
 
 
 def test_demo_leaves_the_other_sessions_of_a_store_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -202,7 +205,7 @@ def test_inspect_lists_every_session(demo_db: Path, capsys: pytest.CaptureFixtur
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{demo_db}: 1 session"
     assert lines[1].split() == ["SESSION", "GENERATION", "EPISODES", "SUMMARIZED_THROUGH", "LAST_SEQ"]
-    assert lines[2].split() == ["demo", "0", "60", "40", "60"]
+    assert lines[2].split() == ["demo", "0", "60", "44", "60"]
 
 
 def test_inspect_shows_a_sessions_summary_and_raw_episodes(demo_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -212,11 +215,11 @@ def test_inspect_shows_a_sessions_summary_and_raw_episodes(demo_db: Path, capsys
     _, summary = latest_summary(demo_db)
     assert f"session 'demo' in {demo_db}" in out
     assert "generation 0, 60 stored episodes, last seq 60" in out
-    assert "summary (covers seqs up to 40):" in out
+    assert "summary (covers seqs up to 44):" in out
     assert summary.splitlines()[-1][:60] in out
-    assert "raw episodes after the summary (20):" in out
+    assert "raw episodes after the summary (16):" in out
     episode_lines = [line.strip() for line in out.splitlines() if line.strip().startswith("#")]
-    assert [line.split()[0] for line in episode_lines] == [f"#{seq}" for seq in range(41, 61)]
+    assert [line.split()[0] for line in episode_lines] == [f"#{seq}" for seq in range(45, 61)]
     last_role, last_content = stored_episodes(demo_db)[-1]
     assert episode_lines[-1].split(maxsplit=2)[1] == last_role
     assert episode_lines[-1].split(maxsplit=2)[2].startswith(last_content[:60])
@@ -226,7 +229,7 @@ def test_inspect_limit_shows_the_latest_episodes(demo_db: Path, capsys: pytest.C
     assert main(["inspect", str(demo_db), "demo", "--limit", "3"]) == 0
 
     out = capsys.readouterr().out
-    assert "raw episodes after the summary (20, showing the latest 3):" in out
+    assert "raw episodes after the summary (16, showing the latest 3):" in out
     assert [line.split()[0] for line in out.splitlines() if line.strip().startswith("#")] == ["#58", "#59", "#60"]
 
 

@@ -40,7 +40,7 @@ async def test_the_partial_batch_is_in_the_outbox_when_close_returns(store_url, 
     # A summary held in flight keeps the session from passivating, so the only
     # thing that can record the partial batch before the checks is close itself.
     summarizer = GatedSummarizer()
-    config = SessionConfig(max_episodes=2, retain_every=4, passivate_after=None)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, retain_every=4, passivate_after=None)
     async with open_engine(
         store_url, summarizer=summarizer, retain_sink=StuckSink(), config=config, retain_grace=0
     ) as engine:

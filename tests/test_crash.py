@@ -56,7 +56,7 @@ async def test_kill_9_mid_summary_loses_nothing_acknowledged(db_path, stored) ->
 
     summarizer = RecordingSummarizer()
     async with open_engine(
-        db_path, summarizer=summarizer, config=SessionConfig(max_episodes=3), owner=RESTARTED_OWNER
+        db_path, summarizer=summarizer, config=SessionConfig(evict_to=1.0, max_episodes=3), owner=RESTARTED_OWNER
     ) as engine:
         context = await engine.session("victim").context(wait_for_summary=True)
     assert covered(context.summary) + [e.content for e in context.episodes] == [f"turn {i}" for i in range(1, 26)]
@@ -71,7 +71,7 @@ async def test_kill_9_before_delivery_then_restart_delivers_every_turn_once(db_p
     assert stored.query("SELECT first_seq, last_seq FROM retain_outbox ORDER BY id") == [(1, 3), (4, 6)]
 
     sink = RecordingSink()
-    config = SessionConfig(max_episodes=3, retain_every=3)
+    config = SessionConfig(evict_to=1.0, max_episodes=3, retain_every=3)
     async with open_engine(
         db_path, summarizer=RecordingSummarizer(), retain_sink=sink, config=config, owner=RESTARTED_OWNER
     ):

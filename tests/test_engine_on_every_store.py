@@ -17,7 +17,7 @@ from .fakes import RecordingSink, RecordingSummarizer, covered
 
 pytestmark = pytest.mark.anyio
 
-SMALL = SessionConfig(max_episodes=3, retain_every=4, passivate_after=None)
+SMALL = SessionConfig(evict_to=1.0, max_episodes=3, retain_every=4, passivate_after=None)
 
 
 def turns(count: int, start: int = 1) -> list[Episode]:
@@ -91,7 +91,7 @@ async def test_leases_are_released_when_the_engine_exits(store_url, rows) -> Non
 
 
 async def test_a_session_whose_lease_was_taken_refuses_the_write_and_reloads_for_the_next(store_url, rows) -> None:
-    config = SessionConfig(max_episodes=3, passivate_after=None, lease_wait=0.2)
+    config = SessionConfig(evict_to=1.0, max_episodes=3, passivate_after=None, lease_wait=0.2)
     async with open_engine(store_url, config=config, owner="first") as engine:
         session = engine.session("s")
         await session.add(turns(2))

@@ -5,7 +5,10 @@ more than 4,000 episodes, reads, waiting reads, deletes, deleting the newest
 episodes before a close, clears, closes, cancelled calls, summarizer and sink
 failures, commits in doubt on every kind of write, engine restarts, and the
 engine stopped in the middle of an add by a cancelled scope or a failing
-sibling task) and checks every invariant after every step, recall included,
+sibling task), with the window drawn per run (chunked or one-at-a-time
+eviction, a token budget or none) and tool calls whose results come at once
+or many steps later, and checks every invariant after every step (every read
+a valid request prefix: no tool result without its call before it), recall included,
 on asyncio and on trio (under a MockClock). A failing case shrinks to a short
 sequence of steps. Set MEMENGINE_SOAK=N to run N times more examples.
 """
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import anyio
 import anyio.lowlevel
+import attrs
 import pytest
 from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, settings
@@ -38,6 +42,7 @@ from memengine import (
     UncertainCommitError,
     open_engine,
 )
+from memengine.tool_calls import tool_links
 
 from .fakes import CommitThenLoseConnection, RecordingSink, context_once_summarized, covered, fold
 
@@ -115,12 +120,23 @@ class EngineMachine(RuleBasedStateMachine):
         self.sent_ids: dict[str, list[Episode]] = {s: [] for s in SESSIONS}
         self.closed_handles: list = []
         self.counter = 0
+        self.config = CONFIG
+        # Tool calls: the ids called so far and those not answered yet, per session.
+        self.calls: dict[str, list[str]] = {s: [] for s in SESSIONS}
+        self.unanswered: dict[str, list[str]] = {s: [] for s in SESSIONS}
 
     # -- engine lifecycle --------------------------------------------------
 
-    @initialize(big_adds=st.sampled_from([0, 0, 0, 1]))
-    def start(self, big_adds: int) -> None:
+    @initialize(
+        big_adds=st.sampled_from([0, 0, 0, 1]),
+        evict_to=st.sampled_from([0.5, 1.0]),
+        max_tokens=st.sampled_from([None, None, 4]),
+    )
+    def start(self, big_adds: int, evict_to: float, max_tokens: int | None) -> None:
         self.big_adds_left = big_adds  # an add of 4,001 costs seconds of delivery: in a quarter of the runs
+        self.config = attrs.evolve(
+            CONFIG, evict_to=evict_to, max_tokens=max_tokens, tokenizer=None if max_tokens is None else _words
+        )
         self._open()
 
     def _open(self) -> None:
@@ -139,7 +155,7 @@ class EngineMachine(RuleBasedStateMachine):
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(failing_sibling)
                 async with open_engine(
-                    self.db, summarizer=self.summarizer, retain_sink=self.sink, config=CONFIG, retain_grace=5
+                    self.db, summarizer=self.summarizer, retain_sink=self.sink, config=self.config, retain_grace=5
                 ) as engine:
                     doubts = CommitThenLoseConnection(engine.store)
                     task_status.started((engine, scope, stop, sibling, doubts))
@@ -268,6 +284,37 @@ class EngineMachine(RuleBasedStateMachine):
 
         self.portal.call(add_then_give_up)
         self._model_add(session, [episode])
+
+    @rule(session=st.sampled_from(SESSIONS), calls=st.integers(1, 2), answered=st.integers(0, 2))
+    def add_tool_call(self, session: str, calls: int, answered: int) -> None:
+        """An assistant message calling tools (OpenAI Chat shape), with some of its results at once."""
+        ids = [f"call{self.counter}-{n}" for n in range(calls)]
+        call = self._episode(1)
+        call = Episode(
+            "assistant",
+            call.content,
+            metadata={"role": "assistant", "tool_calls": [{"id": i, "type": "function"} for i in ids]},
+        )
+        results = [self._result(call_id) for call_id in ids[:answered]]
+        self.portal.call(self.engine.session(session).add, [call, *results])
+        self._model_add(session, [call, *results])
+        self.calls[session].extend(ids)
+        self.unanswered[session].extend(ids[answered:])
+
+    @precondition(lambda self: any(self.unanswered.values()))
+    @rule(data=st.data())
+    def answer_late(self, data) -> None:
+        """A result arriving steps after its call (other turns in between)."""
+        session = data.draw(st.sampled_from([s for s in SESSIONS if self.unanswered[s]]))
+        call_id = data.draw(st.sampled_from(self.unanswered[session]))
+        self.unanswered[session].remove(call_id)
+        result = self._result(call_id)
+        self.portal.call(self.engine.session(session).add, [result])
+        self._model_add(session, [result])
+
+    def _result(self, call_id: str) -> Episode:
+        episode = self._episode(1)
+        return Episode("tool", episode.content, metadata={"role": "tool", "tool_call_id": call_id})
 
     @rule(session=st.sampled_from(SESSIONS))
     def read(self, session: str) -> None:
@@ -470,6 +517,36 @@ class EngineMachine(RuleBasedStateMachine):
         assert all(e.seq > context.summarized_through for e in context.episodes)
         assert [e.seq for e in context.episodes] == sorted(e.seq for e in context.episodes)
         assert context.summarized_through <= context.evicted_through
+        # A valid request prefix: every tool result after its call (a result whose call was
+        # deleted, or cleared, has no call to follow: it is evicted at once).
+        live_calls = {
+            call_id for e in context.episodes for call_id in tool_links(e.metadata).calls
+        } | self._summarized_calls(context)
+        seen: set[str] = set()
+        for episode in context.episodes:
+            links = tool_links(episode.metadata)
+            for call_id in links.results:
+                if episode.seq > context.evicted_through:
+                    assert call_id in seen, f"a result shown without its call: {call_id}"
+                else:
+                    assert call_id in seen or call_id not in live_calls, (
+                        f"a pending result split from its call: {call_id}"
+                    )
+            seen.update(links.calls)
+
+        window = [e for e in context.episodes if e.seq > context.evicted_through]
+        config = self.config
+        over = len(window) > config.max_episodes or sum(len(e.content) for e in window) > config.max_chars
+        if config.max_tokens is not None:
+            over = over or sum(_words(e.content) for e in window) > config.max_tokens
+        if over:  # only a call still waiting for its result holds the window over budget
+            # (its result not added yet, or deleted since)
+            answered = {call_id for e in window for call_id in tool_links(e.metadata).results}
+            waiting = {call_id for e in window for call_id in tool_links(e.metadata).calls} - answered
+            assert waiting, "the window is over budget"
+
+    def _summarized_calls(self, context) -> set[str]:
+        return set()  # the fold summary carries contents only; a call it covers is not raw
 
     def _check_deliveries(self, *, final: bool) -> None:
         """Exactly once, in order, per session (checked after clean exits)."""
@@ -481,6 +558,10 @@ class EngineMachine(RuleBasedStateMachine):
             if final:
                 delivered = set(seqs)
                 assert {seq for seq, _ in self.live[session]} <= delivered, "a live episode was never delivered"
+
+
+def _words(text: str) -> int:
+    return len(text.split())
 
 
 def _backend(backend: object) -> tuple[str, dict]:

@@ -354,7 +354,7 @@ async def test_a_failed_activation_fails_its_callers_and_a_later_call_succeeds(
         await add_each(engine.session("s"), turns(3))
     async with engine_with_faults(db_path) as (engine, faults):
         if how == "statement fails":
-            faults.inject("SELECT generation, seq_floor, retained_through FROM sessions", session="s")
+            faults.inject("SELECT generation, seq_floor, retained_through, evicted_through FROM sessions", session="s")
         else:
             store: Any = engine.store
             real_activate = store.activate
@@ -391,7 +391,7 @@ async def test_a_failed_activation_fails_its_callers_and_a_later_call_succeeds(
 
 
 async def test_failed_clear_and_delete_change_nothing_and_can_be_retried(db_path: Path, stored: StoredRows) -> None:
-    config = SessionConfig(max_episodes=2, **FAST)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, **FAST)
     async with engine_with_faults(db_path, summarizer=RecordingSummarizer(), config=config) as (engine, faults):
         session = engine.session("s")
         await add_each(session, turns(4))
@@ -426,7 +426,7 @@ async def test_a_delete_of_many_seqs_failing_in_a_later_statement_deletes_nothin
     db_path: Path, stored: StoredRows
 ) -> None:
     """A long seq list is deleted in several statements, in one transaction: all of them or none."""
-    keep_everything_raw = SessionConfig(max_episodes=100_000, max_chars=10**9, **FAST)
+    keep_everything_raw = SessionConfig(evict_to=1.0, max_episodes=100_000, max_chars=10**9, **FAST)
     async with engine_with_faults(db_path, config=keep_everything_raw) as (engine, faults):
         session = engine.session("s")
         await session.add([Episode("user", f"turn {n}") for n in range(1, 2_501)])
@@ -452,7 +452,7 @@ async def test_a_delete_of_many_seqs_failing_in_a_later_statement_deletes_nothin
 async def test_failed_summary_writes_keep_episodes_raw_until_the_fault_clears(
     db_path: Path, stored: StoredRows
 ) -> None:
-    config = SessionConfig(max_episodes=2, **FAST)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, **FAST)
     async with engine_with_faults(db_path, summarizer=RecordingSummarizer(), config=config) as (engine, faults):
         session = engine.session("s")
         summary_write = faults.inject("INSERT INTO summaries", session="s")
@@ -770,7 +770,7 @@ async def test_a_misbehaving_summarizer_blocks_no_writer_and_is_summarized_after
     db_path: Path, stored: StoredRows, misbehaviour: str
 ) -> None:
     summarizer = MisbehavingSummarizer(misbehaviour)
-    config = SessionConfig(max_episodes=2, **FAST)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, **FAST)
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         await add_each(session, turns(4, prefix="s"))
@@ -806,7 +806,7 @@ async def test_a_misbehaving_summarizer_blocks_no_writer_and_is_summarized_after
 @pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0.1)}))])
 async def test_a_summarizer_call_that_never_returns_does_not_starve_other_sessions(db_path: Path) -> None:
     summarizer = MisbehavingSummarizer("hangs")  # forever: it never recovers
-    config = SessionConfig(max_episodes=2, **FAST)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, **FAST)
     async with open_engine(db_path, summarizer=summarizer, config=config, max_concurrent_summaries=1) as engine:
         await add_each(engine.session("s"), turns(3, prefix="s"))
         await summarizer.wait_until_called(1)

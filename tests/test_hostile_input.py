@@ -67,6 +67,7 @@ METADATA_LIMIT = 400
 # Small size limits so examples cross them cheaply; a window so large that
 # nothing is ever evicted, so context() shows every stored episode raw.
 LIMITS = SessionConfig(
+    evict_to=1.0,
     max_content_chars=CONTENT_LIMIT,
     max_metadata_bytes=METADATA_LIMIT,
     max_episodes=100_000,
@@ -628,7 +629,7 @@ def test_add_refuses_anything_but_an_iterable_of_episodes(backend: str, store_ur
 
 @pytest.mark.anyio
 async def test_default_limits_are_exact_at_the_boundary(store_url: str, rows: StoreRows) -> None:
-    limits = SessionConfig(max_chars=10**6)  # default size limits; a window that keeps everything raw
+    limits = SessionConfig(evict_to=1.0, max_chars=10**6)  # default size limits; a window that keeps everything raw
     at_limit = Episode("user", "\U0001f9e0" * limits.max_content_chars)  # characters, not bytes
     # {"k": "..."} is 9 bytes of JSON around the value; "é" is 2 bytes of UTF-8.
     metadata_at_limit = Episode("user", "m", metadata={"k": "é" * ((limits.max_metadata_bytes - 9) // 2) + "v"})

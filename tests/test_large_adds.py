@@ -89,7 +89,7 @@ async def test_a_long_import_never_lets_another_sessions_lease_lapse_nor_stalls_
 ) -> None:
     # 1,200 rows at 2.5 ms each: 3 s of writing, against leases of 0.9 s renewed every 0.3 s.
     monkeypatch.setattr(committer, "TRANSACTION_ROWS", 60, raising=False)
-    config = SessionConfig(lease_ttl=0.9, lease_wait=2.0, passivate_after=None, max_episodes=10_000)
+    config = SessionConfig(evict_to=1.0, lease_ttl=0.9, lease_wait=2.0, passivate_after=None, max_episodes=10_000)
     async with open_engine(store_url, config=config) as engine:
         small = engine.session("small")
         await small.add(says("small", 1))
@@ -121,7 +121,7 @@ async def test_an_add_whose_later_part_fails_stores_none_of_it(
     store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(committer, "TRANSACTION_ROWS", 100, raising=False)
-    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000)) as engine:
+    async with open_engine(store_url, config=SessionConfig(evict_to=1.0, max_episodes=10_000)) as engine:
         session = engine.session("s")
         await session.add(says("kept", 3))
         large = says("large", 350)
@@ -144,7 +144,9 @@ async def test_a_lost_lease_in_the_middle_of_a_large_add_stores_none_of_it(
     store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(committer, "TRANSACTION_ROWS", 50, raising=False)
-    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000, passivate_after=None)) as engine:
+    async with open_engine(
+        store_url, config=SessionConfig(evict_to=1.0, max_episodes=10_000, passivate_after=None)
+    ) as engine:
         session = engine.session("s")
         await session.add(says("kept", 1))
         slow_down(engine, per_row=0.002)
@@ -161,7 +163,7 @@ async def test_a_lost_lease_in_the_middle_of_a_large_add_stores_none_of_it(
                 await session.add(says("large", 400))
     # The parts stored before the takeover are undone by whoever next loads the session.
     rows.query("UPDATE session_leases SET owner = NULL, expires_at = 0 WHERE session_id = 's'")
-    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000)) as engine:
+    async with open_engine(store_url, config=SessionConfig(evict_to=1.0, max_episodes=10_000)) as engine:
         context = await engine.session("s").context()
         assert [e.content for e in context.episodes] == ["kept 0"]
     assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(1,)]
@@ -193,7 +195,7 @@ async def test_a_process_killed_in_the_middle_of_a_large_add_leaves_none_of_it(s
     stored_then = kill_in_the_middle_of_the_large_add(store_url, rows)
     assert 101 <= stored_then < LARGE + 1, "the kill came before or after the parts, not between them"
 
-    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000), owner=OWNER) as engine:
+    async with open_engine(store_url, config=SessionConfig(evict_to=1.0, max_episodes=10_000), owner=OWNER) as engine:
         session = engine.session("s")
         assert [e.content for e in (await session.context()).episodes] == ["before the large add"]
         assert await engine.recall("word1", session_id="s") == []
@@ -207,7 +209,9 @@ async def test_recall_never_finds_the_parts_of_an_add_still_being_stored(
     store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(committer, "TRANSACTION_ROWS", 50, raising=False)
-    async with open_engine(store_url, config=SessionConfig(max_episodes=10_000, passivate_after=None)) as engine:
+    async with open_engine(
+        store_url, config=SessionConfig(evict_to=1.0, max_episodes=10_000, passivate_after=None)
+    ) as engine:
         session = engine.session("s")
         slow_down(engine, per_row=0.002)
         seen_while_adding: list[int] = []

@@ -26,7 +26,9 @@ async def test_exit_with_a_blocked_summarizer_and_waiters_is_bounded(db_path, st
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as outside:
-            async with open_engine(db_path, summarizer=summarizer, config=SessionConfig(max_episodes=2)) as engine:
+            async with open_engine(
+                db_path, summarizer=summarizer, config=SessionConfig(evict_to=1.0, max_episodes=2)
+            ) as engine:
                 session = engine.session("s")
                 await add_each(session, turns(5))
                 await summarizer.wait_until_called()
@@ -56,7 +58,7 @@ async def test_every_acknowledged_add_survives_a_shutdown_in_the_middle(db_path,
             refused.append(exc)
 
     async with anyio.create_task_group() as writers:
-        async with open_engine(db_path, config=SessionConfig(max_episodes=5)) as engine:
+        async with open_engine(db_path, config=SessionConfig(evict_to=1.0, max_episodes=5)) as engine:
             for n in range(20):
                 writers.start_soon(writer, engine, f"w{n}")
             while sum(map(len, acknowledged.values())) < 300:
@@ -71,7 +73,7 @@ async def test_every_acknowledged_add_survives_a_shutdown_in_the_middle(db_path,
 
 
 async def test_thousands_of_sessions_at_once(db_path, stored) -> None:
-    config = SessionConfig(max_episodes=2)
+    config = SessionConfig(evict_to=1.0, max_episodes=2)
     async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
         async with anyio.create_task_group() as tasks:
             for n in range(2000):
@@ -84,7 +86,7 @@ async def test_thousands_of_sessions_at_once(db_path, stored) -> None:
 
 async def test_messages_racing_passivation_keep_order(db_path, stored, monkeypatch) -> None:
     """Sessions passivating constantly under load: one activation at a time, no lost or reordered add."""
-    config = SessionConfig(max_episodes=4, passivate_after=0.001)
+    config = SessionConfig(evict_to=1.0, max_episodes=4, passivate_after=0.001)
     acknowledged: dict[str, list[int]] = {}
 
     async def writer(engine, name: str) -> None:

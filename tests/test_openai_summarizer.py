@@ -54,7 +54,7 @@ async def test_first_summary_says_there_is_none_yet() -> None:
 @pytest.mark.anyio
 async def test_engine_stores_the_model_summary_and_retries_an_empty_answer(db_path, stored) -> None:
     client = FakeChatClient("", None, "The user counted turns one and two.")
-    config = SessionConfig(max_episodes=2, summarize_backoff=0.001, summarize_backoff_max=0.001)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, summarize_backoff=0.001, summarize_backoff_max=0.001)
     summarizer = OpenAISummarizer("m", client=client)
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")

@@ -45,7 +45,9 @@ async def _die_holding(url: str) -> None:
 async def test_the_sweep_releases_what_it_handled_and_finishes_what_is_left(store_url, rows) -> None:
     await _die_holding(store_url)
     sink = RecordingSink()
-    config = SessionConfig(max_episodes=4, retain_every=100, lease_ttl=0.3, lease_wait=1.0, passivate_after=0.1)
+    config = SessionConfig(
+        evict_to=1.0, max_episodes=4, retain_every=100, lease_ttl=0.3, lease_wait=1.0, passivate_after=0.1
+    )
     async with open_engine(store_url, summarizer=RecordingSummarizer(), retain_sink=sink, config=config) as engine:
         with anyio.fail_after(20):
             while rows.query("SELECT session_id FROM session_leases WHERE owner = 'dead'"):

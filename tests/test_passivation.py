@@ -33,7 +33,7 @@ def lease_settings(idle: float) -> dict[str, float]:
 
 
 async def test_idle_session_passivates_and_recovers(db_path, idle) -> None:
-    config = SessionConfig(max_episodes=3, passivate_after=idle, **lease_settings(idle))
+    config = SessionConfig(evict_to=1.0, max_episodes=3, passivate_after=idle, **lease_settings(idle))
     async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         await add_each(session, turns(6))
@@ -49,7 +49,7 @@ async def test_idle_session_passivates_and_recovers(db_path, idle) -> None:
 
 async def test_no_passivation_while_a_summary_is_in_flight(db_path, idle) -> None:
     summarizer = GatedSummarizer()
-    config = SessionConfig(max_episodes=2, passivate_after=idle, **lease_settings(idle))
+    config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=idle, **lease_settings(idle))
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         await add_each(session, turns(3))

@@ -27,7 +27,7 @@ from .conftest import StoreRows
 pytestmark = pytest.mark.anyio
 
 # A window no test here overflows: no summarizer runs, recall alone is at work.
-QUIET = SessionConfig(max_episodes=100_000, max_chars=100_000_000, passivate_after=None)
+QUIET = SessionConfig(evict_to=1.0, max_episodes=100_000, max_chars=100_000_000, passivate_after=None)
 QUERY_WORDS = 1_000  # recall uses the first 1,000 distinct words of a query
 
 

@@ -14,7 +14,7 @@ from .fakes import RecordingSummarizer, add_each, covered, turns
 
 pytestmark = pytest.mark.anyio
 
-SMALL_WINDOW = SessionConfig(max_episodes=3)
+SMALL_WINDOW = SessionConfig(evict_to=1.0, max_episodes=3)
 
 
 async def test_reopen_restores_summary_and_window(db_path) -> None:

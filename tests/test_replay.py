@@ -18,7 +18,7 @@ from .fakes import RecordingSummarizer, add_each, turns
 
 pytestmark = pytest.mark.anyio
 
-CONFIG = SessionConfig(max_episodes=3)
+CONFIG = SessionConfig(evict_to=1.0, max_episodes=3)
 
 
 def final_state(path: Path) -> dict[str, object]:

@@ -39,7 +39,7 @@ async def test_deleting_the_newest_unretained_episodes_then_closing_hands_on_the
     store_url: str, rows: StoreRows, retain_every: int, added: int, deleted: list[int], handed_on: list[int]
 ) -> None:
     sink = RecordingSink()
-    config = SessionConfig(retain_every=retain_every, passivate_after=0.05, max_episodes=100)
+    config = SessionConfig(evict_to=1.0, retain_every=retain_every, passivate_after=0.05, max_episodes=100)
     async with open_engine(store_url, retain_sink=sink, config=config) as engine:
         session = engine.session("s")
         await session.add(turns(added))

@@ -11,7 +11,7 @@ from .fakes import GatedSummarizer, add_each, covered, turns
 
 pytestmark = pytest.mark.anyio
 
-SMALL_WINDOW = SessionConfig(max_episodes=3)
+SMALL_WINDOW = SessionConfig(evict_to=1.0, max_episodes=3)
 
 
 async def test_add_returns_while_the_summarizer_is_blocked(db_path, stored) -> None:

@@ -31,6 +31,7 @@ anyio_backend = virtual_time_backends()
 def config(anyio_backend) -> SessionConfig:
     scale = 1.0 if anyio_backend != "asyncio" else 0.001
     return SessionConfig(
+        evict_to=1.0,
         max_episodes=3,
         summarize_attempts=3,
         summarize_backoff=1.0 * scale,

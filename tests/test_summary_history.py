@@ -39,7 +39,7 @@ def test_the_kept_summaries_are_few_the_newest_first_and_ever_sparser(through_se
 async def test_a_long_session_keeps_a_bounded_summary_history_and_deletes_still_fall_back(
     store_url: str, rows: StoreRows
 ) -> None:
-    config = SessionConfig(max_episodes=3, passivate_after=None)
+    config = SessionConfig(evict_to=1.0, max_episodes=3, passivate_after=None)
     async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         for turn in turns(400):

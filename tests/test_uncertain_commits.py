@@ -41,7 +41,7 @@ async def wait_until_passivated(engine, session_id: str) -> None:
 
 
 async def test_a_clear_in_doubt_never_leaves_the_cleared_text_readable(store_url, rows: StoreRows) -> None:
-    config = SessionConfig(max_episodes=2, passivate_after=0.05)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=0.05)
     async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         await session.add([Episode("user", "my password is hunter2"), *turns(3)])
@@ -63,7 +63,7 @@ async def test_a_clear_in_doubt_never_leaves_the_cleared_text_readable(store_url
 
 
 async def test_a_delete_in_doubt_shows_what_the_store_holds(store_url, rows: StoreRows) -> None:
-    config = SessionConfig(max_episodes=2, passivate_after=None)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=None)
     async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         await session.add([Episode("user", "my password is hunter2"), *turns(4)])
@@ -108,7 +108,7 @@ async def test_an_add_waiting_behind_an_add_in_doubt_gets_the_next_seq(store_url
 
 async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(store_url, rows: StoreRows) -> None:
     summarizer = GatedSummarizer()
-    config = SessionConfig(max_episodes=2, passivate_after=None)
+    config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=None)
     async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         await session.add(turns(3))

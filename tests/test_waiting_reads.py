@@ -34,7 +34,9 @@ FAST = {
 
 async def test_thousands_of_abandoned_waiting_reads_leave_nothing_behind(db_path) -> None:
     summarizer = GatedSummarizer()  # the summary never comes while the reads wait
-    async with open_engine(db_path, summarizer=summarizer, config=SessionConfig(max_episodes=1, **FAST)) as engine:
+    async with open_engine(
+        db_path, summarizer=summarizer, config=SessionConfig(evict_to=1.0, max_episodes=1, **FAST)
+    ) as engine:
         session = engine.session("s")
         await session.add(turns(2))
         await summarizer.wait_until_called()
@@ -92,7 +94,7 @@ async def test_a_reader_waiting_for_a_summary_that_failed_every_attempt_gets_sum
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="memengine")
     summarizer.calls.clear()
-    config = SessionConfig(max_episodes=1, **FAST)
+    config = SessionConfig(evict_to=1.0, max_episodes=1, **FAST)
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         await session.add(turns(3))
@@ -112,7 +114,7 @@ async def test_a_reader_waiting_for_a_summary_that_failed_every_attempt_gets_sum
 
 async def test_a_reader_arriving_after_the_failure_waits_for_the_next_try(db_path) -> None:
     summarizer = FailingSummarizer(failures=2)  # both attempts of the first round fail, the retry succeeds
-    config = SessionConfig(max_episodes=1, **{**FAST, "summarize_retry_later": 0.05})
+    config = SessionConfig(evict_to=1.0, max_episodes=1, **{**FAST, "summarize_retry_later": 0.05})
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         await session.add(turns(2))
@@ -134,7 +136,9 @@ async def test_summarizer_output_the_store_cannot_hold_is_cleaned_not_retried_fo
             OddSummarizer.calls += 1
             return output
 
-    async with open_engine(store_url, summarizer=OddSummarizer(), config=SessionConfig(max_episodes=1)) as engine:
+    async with open_engine(
+        store_url, summarizer=OddSummarizer(), config=SessionConfig(evict_to=1.0, max_episodes=1)
+    ) as engine:
         session = engine.session("s")
         await session.add(turns(2))
         with anyio.fail_after(GUARD):

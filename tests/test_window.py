@@ -1,40 +1,174 @@
-"""The incremental window agrees with its definition, whatever the sequence of events."""
+"""The raw window keeps its rules whatever the sequence of events.
+
+Budgets (episodes, characters, tokens) evicted in chunks down to a low-water
+mark, tool calls never separated from their results, boundaries that only
+move forward and survive a reload, and summary batches that never cut a tool
+group: checked after every step of random scripts, against the definitions.
+"""
 
 from __future__ import annotations
 
-from hypothesis import given
+import itertools
+
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memengine import Episode
-from memengine.session.window import RawWindow, window_start
-
-lengths = st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=6)
-events = st.lists(st.one_of(st.tuples(st.just("append"), lengths), st.tuples(st.just("summarize"), st.floats(0, 1))))
+from memengine.session.window import Budget, RawWindow
+from memengine.tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
 
 
-@given(max_episodes=st.integers(1, 8), max_chars=st.integers(1, 80), script=events)
-def test_incremental_window_matches_definition(max_episodes: int, max_chars: int, script) -> None:
-    window = RawWindow(max_episodes, max_chars)
-    next_seq = 1
+def words(text: str) -> int:
+    return len(text.split())
+
+
+plain = st.tuples(st.just("plain"), st.integers(1, 30))
+calling = st.tuples(st.just("call"), st.integers(1, 3))  # an episode making 1-3 calls
+answering = st.tuples(st.just("result"), st.integers(0, 10))  # answers one of the calls made so far (or none)
+stray = st.tuples(st.just("stray"), st.just(0))  # answers a call never made
+steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("append"), st.lists(st.one_of(plain, plain, calling, answering, answering, stray), max_size=5)
+        ),
+        st.tuples(st.just("summarize"), st.integers(1, 50)),
+    ),
+    max_size=40,
+)
+
+
+def is_valid_prefix(raw: list[Episode], start: int, *, shown_from: int | None = None) -> bool:
+    """Every result in ``raw[start:]`` has its call there before it; no call before ``start`` has a result after.
+
+    With ``shown_from`` (the window's start), a result before it whose call is
+    not raw at all (never added, or abandoned and summarized) is let pass: it
+    was evicted at once and shows only until its summary is stored.
+    """
+    called_at: dict[str, int] = {}
+    made = {c for e in raw for c in tool_links(e.metadata).calls}
+    for index, episode in enumerate(raw):
+        links = tool_links(episode.metadata)
+        for call_id in links.results:
+            if shown_from is not None and index < shown_from and call_id not in made:
+                continue
+            if index >= start and called_at.get(call_id, -1) < start:
+                return False
+        for call_id in links.calls:
+            called_at[call_id] = index
+    shown_results = {c for e in raw[start:] for c in tool_links(e.metadata).results}
+    return not any(set(tool_links(e.metadata).calls) & shown_results for e in raw[:start])
+
+
+def open_call_shown(raw: list[Episode], start: int) -> bool:
+    answered = {c for e in raw for c in tool_links(e.metadata).results}
+    return any(c not in answered for e in raw[start:] for c in tool_links(e.metadata).calls)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    max_episodes=st.integers(1, 8),
+    max_chars=st.integers(1, 120),
+    max_tokens=st.one_of(st.none(), st.integers(1, 30)),
+    evict_to=st.sampled_from([0.25, 0.5, 1.0]),
+    script=steps,
+)
+def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_to, script) -> None:
+    budget = Budget(max_episodes, max_chars, max_tokens)
+    low_water = budget.scaled(evict_to)
+    window = RawWindow(budget, evict_to, words)
+    seqs = itertools.count(1)
+    call_ids = itertools.count(1)
+    calls: list[str] = []
     for action, argument in script:
         if action == "append":
             new = []
-            for length in argument:
-                new.append(Episode("user", "x" * length, seq=next_seq))
-                next_seq += 1
+            for kind, size in argument:
+                seq = next(seqs)
+                metadata: dict = {}
+                if kind == "call":
+                    made = [f"c{next(call_ids)}" for _ in range(size)]
+                    calls.extend(made)
+                    metadata = {CALLS_KEY: made}
+                elif kind == "result" and calls:
+                    metadata = {RESULT_OF_KEY: calls[size % len(calls)]}
+                elif kind == "stray":
+                    metadata = {RESULT_OF_KEY: f"never-made-{seq}"}
+                new.append(
+                    Episode("user", " ".join(["w"] * (size if kind == "plain" else 2)), seq=seq, metadata=metadata)
+                )
             before = window.evicted
             window.append(new)
             assert window.evicted >= before  # eviction never goes back
+            shown = window.window
+            sizes = (len(shown), sum(len(e.content) for e in shown), sum(words(e.content) for e in shown))
+            if not budget.holds(*sizes):
+                # Only a call still waiting for its result holds the window over budget, never past twice it.
+                doubled = Budget(max_episodes * 2, max_chars * 2, None if max_tokens is None else max_tokens * 2)
+                assert open_call_shown(window.raw, window.evicted)
+                assert doubled.holds(*sizes) or budget.holds(sizes[0] - 1, 0, 0) or len(shown) == 1
+            elif len(new) == 1 and window.evicted > before and not open_call_shown(window.raw, before):
+                # An eviction for a budget goes down to the low-water mark (or further, to keep a group whole).
+                assert low_water.holds(*sizes) or any(tool_links(e.metadata) for e in window.raw[before:])
         elif window.evicted:
-            # A summary covers some prefix of the evicted episodes.
-            through = window.raw[int(argument * (window.evicted - 1))].seq
-            dropped = window.drop_through(through)
-            assert dropped >= 1 and all(e.seq > through for e in window.raw)
-        # The window is exactly the longest newest run that fits the bounds.
-        shown = window.raw[window.evicted :]
-        assert len(shown) <= max_episodes
-        assert sum(len(e.content) for e in shown) <= max_chars
-        assert window.evicted == window_start(window.raw, max_episodes, max_chars)
-        fresh = RawWindow(max_episodes, max_chars)
-        fresh.reset(window.raw)
+            end = window.batch_end(argument, lambda episodes, chars, tokens: chars <= 60)
+            assert 1 <= end <= window.evicted
+            assert is_valid_prefix(window.raw, end, shown_from=window.evicted)  # the cut leaves no orphan
+            dropped = window.drop_through(window.raw[end - 1].seq)
+            assert dropped == end
+        assert is_valid_prefix(window.raw, window.evicted)
+        # What a read returns (pending episodes shown too) is valid, but for results whose call is gone.
+        assert is_valid_prefix(window.raw, 0, shown_from=window.evicted)
+        assert window.tokens == sum(words(e.content) for e in window.raw)
+        # A reload from the store (the episodes and the boundary) shows the same window.
+        fresh = RawWindow(budget, evict_to, words)
+        fresh.reset(window.raw, window.evicted_through or 0)
         assert fresh.evicted == window.evicted
+
+
+def test_one_llm_call_covers_a_chunk_not_a_turn() -> None:
+    window = RawWindow(Budget(20, 10**6), 0.5, words)
+    evictions = 0
+    for seq in range(1, 201):
+        before = window.evicted
+        window.append([Episode("user", f"turn {seq}", seq=seq)])
+        if window.evicted > before:
+            evictions += 1
+            assert (window.evicted, len(window.window)) == (11, 10)  # 21 episodes: 11 go, half the budget stays
+            window.drop_through(window.evicted_through)
+    assert evictions == 17  # 187 evicted episodes, eleven at a time: one summarizer call each
+
+
+def test_a_late_result_keeps_its_call_in_the_window() -> None:
+    window = RawWindow(Budget(4, 10**6), 0.5, words)
+    window.append([Episode("assistant", "calling", seq=1, metadata={CALLS_KEY: ["slow"]})])
+    window.append([Episode("user", f"chat {seq}", seq=seq) for seq in range(2, 7)])
+    assert window.evicted == 0  # the call waits for its result: nothing before it may go
+    window.append([Episode("tool", "the result", seq=7, metadata={RESULT_OF_KEY: "slow"})])
+    window.append([Episode("user", "one more", seq=8)])
+    # Now the group is complete and the window is over budget: call and result leave together.
+    assert [e.seq for e in window.window] == [8]
+    assert is_valid_prefix(window.raw, window.evicted)
+
+
+def test_a_call_and_its_results_are_evicted_together() -> None:
+    window = RawWindow(Budget(3, 10**6), 1.0, words)
+    window.append(
+        [
+            Episode("assistant", "two calls", seq=1, metadata={CALLS_KEY: ["a", "b"]}),
+            Episode("tool", "a done", seq=2, metadata={RESULT_OF_KEY: "a"}),
+            Episode("tool", "b done", seq=3, metadata={RESULT_OF_KEY: "b"}),
+        ]
+    )
+    assert window.evicted == 0
+    window.append([Episode("user", "thanks", seq=4)])
+    assert [e.seq for e in window.window] == [4]  # not [2, 3, 4]: the results never stay without their call
+
+
+def test_a_result_whose_call_is_gone_is_not_shown_raw() -> None:
+    window = RawWindow(Budget(10, 10**6), 0.5, words)
+    window.append(
+        [Episode("user", "hello", seq=1), Episode("tool", "who called me", seq=2, metadata={RESULT_OF_KEY: "x"})]
+    )
+    assert window.window == []
+    window.append([Episode("user", "next", seq=3)])
+    assert [e.seq for e in window.window] == [3]

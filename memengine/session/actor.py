@@ -59,7 +59,7 @@ from .messages import (
 from .retain_flush import RetainFlush, RetainPlan
 from .summary import SessionSummary
 from .waiting_reads import WaitingReads
-from .window import RawWindow
+from .window import Budget, RawWindow, tokenizer_of
 
 log = logging.getLogger("memengine.session")
 
@@ -105,7 +105,8 @@ class SessionActor:
         self._child = SummarizerActor(
             session_id, services.summarizer, services.store, config, services.summary_slots, self.mailbox.put
         )
-        self._summary = SessionSummary(self._child, config)
+        self._count_tokens = tokenizer_of(config, session_id)
+        self._summary = SessionSummary(self._child, config, self._count_tokens)
         self._retain = (
             None
             if services.retain is None
@@ -116,7 +117,13 @@ class SessionActor:
         self._waiting = WaitingReads()
         # State, recovered from the store on activation.
         self._last_seq = 0
-        self._window = RawWindow(config.max_episodes, config.max_chars)
+        self._window = RawWindow(
+            Budget(config.max_episodes, config.max_chars, config.max_tokens),
+            config.evict_to,
+            self._count_tokens,
+            eager_tokens=config.max_tokens is not None or config.summarize_input_max_tokens is not None,
+        )
+        self._stored_boundary = 0  # the eviction boundary the store holds (see _keep_boundary)
         # Set once this activation may no longer hold the store's truth.
         self._given_up: LeaseLostError | None = None
         self._handling: SessionMessage | None = None
@@ -331,6 +338,7 @@ class SessionActor:
         if new:
             self._window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
+            self._keep_boundary()
         # Stored: answer first (nothing below may leave the caller waiting), then the follow-ups.
         self._answer(message, tuple(episode for episode, _ in results))
         if new:
@@ -409,11 +417,30 @@ class SessionActor:
         """Adopt the store's view (after activation, clear or delete)."""
         self._summary.adopt(snapshot)
         self._last_seq = snapshot.last_seq
-        self._window.reset(snapshot.episodes)
+        self._stored_boundary = snapshot.evicted_through
+        self._window.reset(snapshot.episodes, snapshot.evicted_through)
+        self._keep_boundary()
         if self._retain is not None:
             self._retain.adopt(snapshot.retained_through)
         self._dispatch_summary()
         self._answer_waiting_reads()
+
+    def _keep_boundary(self) -> None:
+        """Record a moved eviction boundary in the store, so a reload shows the same window.
+
+        Queued into the next group commit, not waited for: it is one small
+        row update per eviction (a chunk of episodes, not a turn). If it is
+        lost (a crash right after the eviction), the next activation applies
+        the rules again from the last boundary stored.
+        """
+        boundary = self._window.evicted_through
+        if boundary is None or boundary <= self._stored_boundary:
+            return
+        self._stored_boundary = boundary
+        try:
+            self._store.submit_eviction(self.session_id, self._lease.current(), boundary, _eviction_recorded)
+        except EngineClosedError:
+            pass  # leaving: the next activation applies the rules again
 
     def _acknowledged_seq(self) -> int:
         return self._last_seq
@@ -459,7 +486,13 @@ class SessionActor:
             summarized_through=self._summary.through,
             episodes=tuple(self._window.raw),
             evicted_through=self._summary.through if evicted_through is None else evicted_through,
+            tokens=self._summary.tokens + self._window.tokens,
         )
+
+
+def _eviction_recorded(result: object, error: BaseException | None) -> None:
+    if error is not None:
+        log.info("recording an eviction boundary failed (%s); the next activation applies the rules again", error)
 
 
 def _one_line(error: BaseException) -> str:

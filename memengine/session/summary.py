@@ -1,7 +1,12 @@
 """The session's rolling summary, and the bookkeeping of its summarizer child.
 
-Evicted episodes go to the child in batches (at most ``summarize_batch_max``,
-one batch in flight; everything evicted meanwhile goes into the next call).
+Evicted episodes go to the child in batches (one batch in flight; everything
+evicted meanwhile goes into the next call). A batch holds at most
+``summarize_batch_max`` episodes and, with the previous summary, at most
+``summarize_input_max_chars`` characters (and ``summarize_input_max_tokens``
+tokens, if set); it never ends between a tool call and its results. An
+episode too large for a call on its own is given to the summarizer cut, with
+a marker saying so; the store keeps it whole.
 They stay visible raw until the child acknowledges a *stored* summary. The
 generation (changed by clear and delete) fences off work computed before it:
 the store refuses such a summary, and its acknowledgement is ignored here.
@@ -12,16 +17,21 @@ After the child gave up on a batch, it is tried again
 from __future__ import annotations
 
 from ..config import SessionConfig
+from ..episode import Episode, stored_episode
 from ..store.base import SessionSnapshot
+from ..tokens import Tokenizer
 from ..summarizer.actor import SummarizeBatch, SummarizerActor
 from .messages import SummaryFailed, SummaryStored
 from .window import RawWindow
 
 
 class SessionSummary:
-    def __init__(self, child: SummarizerActor, config: SessionConfig) -> None:
+    def __init__(self, child: SummarizerActor, config: SessionConfig, count_tokens: Tokenizer) -> None:
         self._child = child
         self._config = config
+        self._count_tokens = count_tokens
+        #: Tokens of the current summary (counted once per summary).
+        self.tokens = 0
         #: Changes on every clear/delete; a summary computed under an older one never lands.
         self.generation = 0
         self.text: str | None = None
@@ -41,6 +51,7 @@ class SessionSummary:
         self._child.abandon_before(snapshot.generation)
         self.generation = snapshot.generation
         self.text = snapshot.summary
+        self.tokens = self._count(snapshot.summary)
         self.through = snapshot.summarized_through
         self._in_flight = False
         self.retry_at = None
@@ -49,7 +60,20 @@ class SessionSummary:
         """Hand the oldest pending episodes to the child, unless a batch is already in flight or waiting."""
         if not window.evicted or self.busy:
             return
-        batch = tuple(window.pending[: self._config.summarize_batch_max])
+        config = self._config
+        max_chars = max(config.summarize_input_max_chars - len(self.text or ""), 1)
+        max_tokens = config.summarize_input_max_tokens
+        if max_tokens is not None:
+            max_tokens = max(max_tokens - self.tokens, 1)
+
+        def fits(episodes: int, chars: int, tokens: int) -> bool:
+            return chars <= max_chars and (max_tokens is None or tokens <= max_tokens)
+
+        end = window.batch_end(config.summarize_batch_max, fits)
+        batch = tuple(
+            _cut(episode, *window.size(index), max_chars, max_tokens)
+            for index, episode in enumerate(window.pending[:end])
+        )
         self._child.submit(SummarizeBatch(self.generation, self.text, batch, token))
         self._in_flight = True
 
@@ -64,6 +88,7 @@ class SessionSummary:
             return False
         window.drop_through(message.through_seq)
         self.text = message.summary
+        self.tokens = self._count(message.summary)
         self.through = message.through_seq
         return True
 
@@ -81,3 +106,31 @@ class SessionSummary:
             return False
         self.retry_at = None
         return True
+
+    def _count(self, summary: str | None) -> int:
+        return 0 if summary is None else self._count_tokens(summary)
+
+
+#: Appended to an episode's text when the summarizer is given only its beginning.
+CUT_MARKER = "\n[memengine: cut here for the summarizer; the episode has {total} characters, {shown} shown]"
+
+
+def _cut(episode: Episode, chars: int, tokens: int, max_chars: int, max_tokens: int | None) -> Episode:
+    """The episode as the summarizer sees it: whole, or its beginning and a marker when it exceeds a bound."""
+    keep = chars
+    if chars > max_chars:
+        keep = max_chars
+    if max_tokens is not None and tokens > max_tokens:
+        keep = min(keep, chars * max_tokens // tokens)  # proportionally, by the episode's own density
+    if keep >= chars:
+        return episode
+    keep = max(keep - 120, 1)  # room for the marker
+    content = episode.content[:keep] + CUT_MARKER.format(total=chars, shown=keep)
+    return stored_episode(
+        episode.role,
+        content,
+        episode.id,
+        episode.created_at,
+        episode.metadata,
+        episode.seq,  # type: ignore[arg-type]
+    )

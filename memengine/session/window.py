@@ -1,65 +1,168 @@
 """The raw window: which live episodes are shown raw, and which await a summary.
 
 Pure state, no I/O. ``raw`` holds the live episodes after the summary, in
-order; the first ``evicted`` of them have left the window (it holds at most
-``max_episodes`` episodes and ``max_chars`` characters) and wait for their
-summary. Appending costs time proportional to what it evicts, not to the
-window or the history.
+order; the first ``evicted`` of them have left the window and wait for their
+summary. Three rules decide where the window starts:
+
+- **Budgets, in chunks.** The window holds at most ``max_episodes``
+  episodes, ``max_chars`` characters and ``max_tokens`` tokens (whichever
+  binds first). When an episode makes it overflow, the oldest episodes are
+  evicted until what stays fits ``evict_to`` (a fraction) of every budget: one
+  summarizer call then covers a chunk, not one episode per turn.
+- **Tool calls stay whole.** A tool call and all its results are evicted
+  together (see :mod:`memengine.tool_calls`): the window never holds a result
+  without its call, so it is always a valid prefix of a provider request. A
+  call still waiting for a result is not evicted (the result will follow it),
+  unless the window has grown past twice a budget meanwhile. A result whose
+  call is not in the window (evicted, deleted or never added) is evicted, with
+  everything before it.
+- **Boundaries are kept.** Once evicted, an episode stays evicted: the
+  boundary is stored (``evicted_through``), and a session loaded again shows
+  the window it had.
+
+Each episode's size (characters, tokens) and tool links are computed once,
+when it enters; without a token bound, its tokens are counted only when a
+read first reports them (still once). Appending costs time proportional to what it evicts, not to
+the window or the history.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 
+import attrs
+
+from ..config import SessionConfig
 from ..episode import Episode
+from ..tokens import Tokenizer, checked, estimate_tokens
+from ..tool_calls import ToolLinks, tool_links
+
+log = logging.getLogger("memengine.session")
 
 
-def window_start(raw: Sequence[Episode], max_episodes: int, max_chars: int) -> int:
-    """Index of the first episode of the window: ``raw[:index]`` is evicted.
+def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
+    """The session's token counter: the configured one, or the offline estimate.
 
-    The window is the longest run of newest episodes holding at most
-    ``max_episodes`` episodes and ``max_chars`` characters.
+    A configured tokenizer that fails on some text (it was checked when the
+    engine opened) does not fail the add, which is stored by then: that text is
+    estimated instead, and the failure logged once per session.
     """
-    count = 0
-    chars = 0
-    index = len(raw)
-    while index > 0 and count < max_episodes:
-        length = len(raw[index - 1].content)
-        if chars + length > max_chars:
-            break
-        count += 1
-        chars += length
-        index -= 1
-    return index
+    if config.tokenizer is None:
+        return estimate_tokens
+    count = checked(config.tokenizer)
+    failed = False
+
+    def tokens(text: str) -> int:
+        nonlocal failed
+        try:
+            return count(text)
+        except Exception as exc:
+            if not failed:
+                failed = True
+                log.warning(
+                    "session %r: SessionConfig.tokenizer failed (%r); estimating instead for the text it fails on",
+                    session_id,
+                    exc,
+                )
+            return estimate_tokens(text)
+
+    return tokens
+
+
+@attrs.frozen
+class Budget:
+    """Bounds on a run of episodes (``tokens`` ``None``: not bounded by tokens)."""
+
+    episodes: int
+    chars: int
+    tokens: int | None = None
+
+    def holds(self, episodes: int, chars: int, tokens: int) -> bool:
+        return episodes <= self.episodes and chars <= self.chars and (self.tokens is None or tokens <= self.tokens)
+
+    def scaled(self, fraction: float) -> Budget:
+        """The low-water mark: ``fraction`` of each bound (at least one episode)."""
+        return Budget(
+            max(1, int(self.episodes * fraction)),
+            int(self.chars * fraction),
+            None if self.tokens is None else int(self.tokens * fraction),
+        )
 
 
 class RawWindow:
     """The live episodes after the summary, split into evicted and windowed."""
 
-    __slots__ = ("_max_chars", "_max_episodes", "_window_chars", "evicted", "raw")
+    __slots__ = (
+        "_base",
+        "_budget",
+        "_call_at",
+        "_count_tokens",
+        "_counted",
+        "_eager_tokens",
+        "_links",
+        "_low_water",
+        "_result_at",
+        "_sizes",
+        "_window_chars",
+        "_window_tokens",
+        "evicted",
+        "raw",
+    )
 
-    def __init__(self, max_episodes: int, max_chars: int) -> None:
-        self._max_episodes = max_episodes
-        self._max_chars = max_chars
+    def __init__(
+        self, budget: Budget, evict_to: float, count_tokens: Tokenizer, *, eager_tokens: bool | None = None
+    ) -> None:
+        self._budget = budget
+        # Counted as episodes enter only when a bound needs them; else when first read.
+        self._eager_tokens = budget.tokens is not None if eager_tokens is None else eager_tokens
+        self._counted: list[int | None] = []
+        self._low_water = budget.scaled(evict_to)
+        self._count_tokens = count_tokens
         self.raw: list[Episode] = []
         self.evicted = 0
+        self._sizes: list[tuple[int, int]] = []  # (characters, tokens) of each raw episode
+        self._links: list[ToolLinks] = []
+        self._base = 0  # position of raw[0]; positions never change while an episode is raw
+        self._call_at: dict[str, int] = {}  # call id -> position of the episode making it
+        self._result_at: dict[str, int] = {}  # call id -> position of its (last) result
         self._window_chars = 0
+        self._window_tokens = 0
 
-    def reset(self, episodes: Iterable[Episode]) -> None:
-        """Start over from the given live episodes (activation, clear, delete)."""
-        self.raw = list(episodes)
-        self.evicted = window_start(self.raw, self._max_episodes, self._max_chars)
-        self._window_chars = sum(len(episode.content) for episode in self.raw[self.evicted :])
+    # -- changes -------------------------------------------------------------
+
+    def reset(self, episodes: Iterable[Episode], evicted_through: int = 0) -> None:
+        """Start over from the live episodes after the summary (activation, clear, delete).
+
+        Those up to ``evicted_through`` (the stored boundary) stay evicted;
+        then the rules are applied to the rest, as if it had just arrived.
+        """
+        self.raw, self._sizes, self._links, self._counted = [], [], [], []
+        self._call_at, self._result_at = {}, {}
+        self._base = self.evicted = self._window_chars = self._window_tokens = 0
+        for episode in episodes:
+            self._enter(episode)
+        kept = 0
+        while kept < len(self.raw) and self.raw[kept].seq <= evicted_through:  # type: ignore[operator]
+            kept += 1
+        must = kept
+        for index in range(kept, len(self.raw)):
+            if self._orphaned(index, must):
+                must = index + 1
+        self._evict(must, must)  # the stored boundary first: it was decided already
+        if not self._fits(self._budget):
+            self._evict(self._chunk_start())
 
     def append(self, episodes: Iterable[Episode]) -> None:
-        """Add new episodes at the end, evicting the oldest ones that no longer fit."""
-        raw = self.raw
+        """Add new episodes at the end, one at a time, evicting by the rules above."""
         for episode in episodes:
-            raw.append(episode)
-            self._window_chars += len(episode.content)
-        while len(raw) - self.evicted > self._max_episodes or self._window_chars > self._max_chars:
-            self._window_chars -= len(raw[self.evicted].content)
-            self.evicted += 1
+            self._enter(episode)
+            index = len(self.raw) - 1
+            must = index + 1 if self._orphaned(index, self.evicted) else 0
+            if not self._fits(self._budget):
+                self._evict(self._chunk_start(), must)
+            elif must:
+                self._evict(must, must)
 
     def drop_through(self, seq: int) -> int:
         """Forget the episodes now covered by a summary through ``seq``; return how many."""
@@ -67,9 +170,21 @@ class RawWindow:
         raw = self.raw
         while covered < self.evicted and raw[covered].seq <= seq:  # type: ignore[operator]
             covered += 1
+        for links in self._links[:covered]:
+            for call_id in links.calls:
+                self._call_at.pop(call_id, None)
+            for call_id in links.results:
+                if self._result_at.get(call_id, self._base + covered) < self._base + covered:
+                    del self._result_at[call_id]
         del raw[:covered]
+        del self._sizes[:covered]
+        del self._counted[:covered]
+        del self._links[:covered]
+        self._base += covered
         self.evicted -= covered
         return covered
+
+    # -- what it holds --------------------------------------------------------
 
     @property
     def pending(self) -> list[Episode]:
@@ -80,3 +195,156 @@ class RawWindow:
     def evicted_through(self) -> int | None:
         """Seq of the newest evicted episode, or ``None`` when none waits."""
         return self.raw[self.evicted - 1].seq if self.evicted else None
+
+    @property
+    def window(self) -> list[Episode]:
+        """The episodes in the window (after the evicted ones)."""
+        return self.raw[self.evicted :]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of every raw episode, evicted ones included (each counted once)."""
+        counted = self._counted
+        for index, tokens in enumerate(counted):
+            if tokens is None:
+                counted[index] = self._count_tokens(self.raw[index].content)
+        return sum(counted)  # type: ignore[arg-type]
+
+    def size(self, index: int) -> tuple[int, int]:
+        """Characters and tokens of ``raw[index]``."""
+        return self._sizes[index]
+
+    def batch_end(self, limit: int, fits: Callable[[int, int, int], bool]) -> int:
+        """How many pending episodes the next summary batch takes: a group-safe cut.
+
+        At most ``limit`` episodes, while ``fits(episodes, chars, tokens)``
+        holds; never between a tool call and its results (a summary through
+        the cut must not leave a result raw without its call). At least the
+        first episode, or the first whole tool group when the cut would split it.
+        """
+        end = 0
+        chars = tokens = 0
+        while end < min(limit, self.evicted):
+            more_chars, more_tokens = self._sizes[end]
+            if end and not fits(end + 1, chars + more_chars, tokens + more_tokens):
+                break
+            chars += more_chars
+            tokens += more_tokens
+            end += 1
+        if end == 0:
+            return 0
+        safe = self._safe_cut_at_or_before(end)
+        if safe == 0:
+            safe = self._group_closure(0, end)  # one group larger than a batch: it goes whole
+        return min(safe, self.evicted)
+
+    # -- internals ------------------------------------------------------------
+
+    def _enter(self, episode: Episode) -> None:
+        chars = len(episode.content)
+        tokens = self._count_tokens(episode.content) if self._eager_tokens else 0  # 0: no bound needs it yet
+        links = tool_links(episode.metadata)
+        position = self._base + len(self.raw)
+        self.raw.append(episode)
+        self._sizes.append((chars, tokens))
+        self._counted.append(tokens if self._eager_tokens else None)
+        self._links.append(links)
+        for call_id in links.calls:
+            self._call_at[call_id] = position
+        for call_id in links.results:
+            self._result_at[call_id] = position
+        self._window_chars += chars
+        self._window_tokens += tokens
+
+    def _fits(self, budget: Budget) -> bool:
+        return budget.holds(len(self.raw) - self.evicted, self._window_chars, self._window_tokens)
+
+    def _chunk_start(self) -> int:
+        """Where the window starts once evicted down to the low-water mark."""
+        index = self.evicted
+        count = len(self.raw) - index
+        chars, tokens = self._window_chars, self._window_tokens
+        while index < len(self.raw) and not self._low_water.holds(count, chars, tokens):
+            more_chars, more_tokens = self._sizes[index]
+            chars -= more_chars
+            tokens -= more_tokens
+            count -= 1
+            index += 1
+        return index
+
+    def _orphaned(self, index: int, window_start: int) -> bool:
+        """Whether ``raw[index]`` answers a call that is not in the window starting at ``window_start``."""
+        for call_id in self._links[index].results:
+            call = self._call_at.get(call_id)
+            if call is None or call - self._base < window_start:
+                return True
+        return False
+
+    def _evict(self, target: int, must: int = 0) -> None:
+        """Start the window at ``target`` (for a budget) and at least ``must`` (for a result without its call).
+
+        The start moves forward to where no tool group is cut in two; for a
+        budget, not past a call still waiting for its result (see the module
+        docstring). It never moves backwards.
+        """
+        start = self._group_closure(self.evicted, max(target, must))
+        pinned = self._oldest_open_call(self.evicted, start)
+        if pinned is not None and not self._far_over_budget():
+            # A call waiting for its result stays (with everything after it): start before its group.
+            start = max(self._safe_cut_at_or_before(pinned), self._group_closure(self.evicted, must))
+        if start <= self.evicted:
+            return
+        for chars, tokens in self._sizes[self.evicted : start]:
+            self._window_chars -= chars
+            self._window_tokens -= tokens
+        self.evicted = start
+
+    def _group_closure(self, lower: int, target: int) -> int:
+        """The first index at or after ``target`` where no tool group of ``raw[lower:]`` is cut in two."""
+        index = lower
+        end = target
+        while index < end:
+            for call_id in self._links[index].calls:
+                result = self._result_at.get(call_id)
+                if result is not None and result - self._base >= end:
+                    end = result - self._base + 1
+            index += 1
+        return min(end, len(self.raw))
+
+    def _safe_cut_at_or_before(self, cut: int) -> int:
+        """The last index at or before ``cut`` that cuts no tool group in two (0 if none)."""
+        while cut > 0:
+            crossing = None
+            for index in range(cut):
+                for call_id in self._links[index].calls:
+                    result = self._result_at.get(call_id)
+                    if (result is None and index >= self.evicted) or (
+                        result is not None and result - self._base >= cut
+                    ):
+                        crossing = index if crossing is None else min(crossing, index)
+            if crossing is None:
+                return cut
+            cut = crossing
+        return 0
+
+    def _oldest_open_call(self, lower: int, upper: int) -> int | None:
+        """Index of the first episode in ``raw[lower:upper]`` with a call no result answered yet."""
+        for index in range(lower, upper):
+            if any(call_id not in self._result_at for call_id in self._links[index].calls):
+                return index
+        return None
+
+    def _far_over_budget(self) -> bool:
+        """Past twice a budget: a call that never got its result no longer holds the window."""
+        budget = self._budget
+        doubled = Budget(budget.episodes * 2, budget.chars * 2, None if budget.tokens is None else budget.tokens * 2)
+        return not self._fits(doubled)
+
+
+def window_of(
+    episodes: Sequence[Episode], budget: Budget, evict_to: float, count_tokens: Tokenizer, evicted_through: int = 0
+) -> RawWindow:
+    """A window holding ``episodes`` (a convenience for tests and tools)."""
+    window = RawWindow(budget, evict_to, count_tokens)
+    window.reset(episodes, evicted_through)
+    return window

@@ -47,6 +47,8 @@ class SessionSnapshot:
     summarized_through: int
     episodes: tuple[Episode, ...]
     retained_through: int = 0
+    #: The newest seq evicted from the raw window (see session/window.py); 0 when none.
+    evicted_through: int = 0
 
 
 @attrs.frozen
@@ -158,6 +160,12 @@ class Store(Protocol):
         Does not wait: ``done`` is called on the event loop once the transaction
         holding the append has committed (or failed), before any operation
         queued after it completes. Operations run in the order submitted.
+        """
+
+    def submit_eviction(self, session_id: str, token: int, through_seq: int, done: Completion[None]) -> None:
+        """Queue recording that the session's raw window evicted everything up to ``through_seq``.
+
+        Does not wait; ``done`` is called once committed (or failed). See session/window.py.
         """
 
     async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:

@@ -679,6 +679,12 @@ class GroupCommitStore:
         )
         self._enqueue(_Submission(operation, done, (session_id, token, first_seq, episodes), len(episodes), chars))
 
+    def submit_eviction(self, session_id: str, token: int, through_seq: int, done: Completion[None]) -> None:
+        operation = functools.partial(
+            journal.record_eviction, session_id=session_id, token=token, through_seq=through_seq
+        )
+        self._enqueue(_Submission(operation, done))
+
     async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
         return await self._submit(
             lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary)

@@ -244,9 +244,10 @@ def _bump_generation(db: Db, session_id: str) -> None:
 def load(db: Db, session_id: str) -> SessionSnapshot:
     """The session's latest summary and the live episodes after it."""
     session = db.execute(
-        "SELECT generation, seq_floor, retained_through FROM sessions WHERE session_id = ?", (session_id,)
+        "SELECT generation, seq_floor, retained_through, evicted_through FROM sessions WHERE session_id = ?",
+        (session_id,),
     ).fetchone()
-    generation, seq_floor, retained_through = session if session is not None else (0, 0, 0)
+    generation, seq_floor, retained_through, evicted_through = session if session is not None else (0, 0, 0, 0)
     latest = db.execute(
         "SELECT through_seq, summary FROM summaries WHERE session_id = ? ORDER BY through_seq DESC LIMIT 1",
         (session_id,),
@@ -268,6 +269,16 @@ def load(db: Db, session_id: str) -> SessionSnapshot:
         summarized_through=summarized_through,
         episodes=episodes,
         retained_through=retained_through,
+        evicted_through=evicted_through,
+    )
+
+
+def record_eviction(db: Db, session_id: str, token: int, through_seq: int) -> None:
+    """Store how far the session's raw window has evicted (it only moves forward)."""
+    leases.require(db, session_id, token)
+    db.execute(
+        "UPDATE sessions SET evicted_through = {greatest}(evicted_through, ?) WHERE session_id = ?",
+        (through_seq, session_id),
     )
 
 

@@ -157,9 +157,10 @@ def still_unowned(db: Db, session_id: str, owner: str, orphaned_only: bool) -> b
     ).fetchone()
     if row is None:
         # No lease yet, or one another transaction has locked (left alone: it may never end).
-        return not orphaned_only and db.execute(
-            "SELECT 1 FROM session_leases WHERE session_id = ?", (session_id,)
-        ).fetchone() is None
+        return (
+            not orphaned_only
+            and db.execute("SELECT 1 FROM session_leases WHERE session_id = ?", (session_id,)).fetchone() is None
+        )
     lease_owner, expired = row
     if orphaned_only:
         return lease_owner is not None and bool(expired)

@@ -53,9 +53,7 @@ class RenewalConnection:
         if self._closed:
             raise EngineClosedError("the store is closed")
         held = list(held)
-        return await anyio.to_thread.run_sync(
-            self._renew, owner, held, ttl, limiter=self._slot, abandon_on_cancel=True
-        )
+        return await anyio.to_thread.run_sync(self._renew, owner, held, ttl, limiter=self._slot, abandon_on_cancel=True)
 
     def _renew(self, owner: str, held: list[tuple[str, int]], ttl: float) -> set[str]:
         with self._lock:

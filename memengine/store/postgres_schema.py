@@ -71,10 +71,16 @@ _RETAIN_RETRY_TIMES = (
     "ALTER TABLE retain_outbox ADD COLUMN retry_at double precision",
 )
 
+_EVICTION_BOUNDARIES = (
+    # The newest seq evicted from each session's raw window (session/window.py): a reload shows the same window.
+    "ALTER TABLE sessions ADD COLUMN evicted_through bigint NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: list[Callable[[Any], None]] = [
     _statements(*_JOURNAL),
     _statements(*_UNFINISHED_APPENDS),
     _statements(*_RETAIN_RETRY_TIMES),
+    _statements(*_EVICTION_BOUNDARIES),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -133,12 +133,18 @@ def _add_retain_retry_times(db: sqlite_utils.Database) -> None:
     db["retain_outbox"].add_column("retry_at", float)  # type: ignore[union-attr]
 
 
+def _add_eviction_boundaries(db: sqlite_utils.Database) -> None:
+    # The newest seq evicted from each session's raw window (session/window.py): a reload shows the same window.
+    db["sessions"].add_column("evicted_through", int, not_null_default=0)  # type: ignore[union-attr]
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _create_journal,
     _add_retain_and_recall,
     _add_leases,
     _add_unfinished_appends,
     _add_retain_retry_times,
+    _add_eviction_boundaries,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
