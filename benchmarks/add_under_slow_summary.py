@@ -11,8 +11,20 @@ Both sides run in the same process, one after the other, on the same machine,
 with the same durability (one SQLite INSERT + COMMIT per add, WAL mode,
 synchronous=NORMAL, off the event loop). Only ratios are meaningful.
 
+With ``--readers R``, R more tasks read the context (``context()``, not
+waiting for the summary; reader ``r`` reads session ``r % M``) in a loop for
+as long as the writers write, on both sides; their read latency is printed
+too. The baseline's read takes the session lock, as its adds do.
+``--no-baseline`` runs memengine only (the baseline needs about
+``(N*K/M - max_episodes) * L`` seconds: with one session and a 2 s
+summarizer, far too long). For the issue's case (8 writers and 2 readers on
+one session, 2 s per summarizer call)::
+
+    .venv/bin/python benchmarks/add_under_slow_summary.py -n 8 -m 1 --readers 2 -l 2 -k 250 --no-baseline
+
 Run: ``.venv/bin/python benchmarks/add_under_slow_summary.py [--writers N]
-[--sessions M] [--latency L] [--adds K] [--backend asyncio|trio]``.
+[--sessions M] [--latency L] [--adds K] [--readers R] [--no-baseline]
+[--backend asyncio|trio]``.
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ class RunResult:
     summarizer_calls: int
     summarized_episodes: int
     evictions: int
+    read_latencies: list[float] = attrs.field(factory=list)  # seconds, one per context read (--readers)
 
     @property
     def adds_per_second(self) -> float:
@@ -73,11 +86,30 @@ def writer_episodes(writer: int, adds: int) -> list[Episode]:
 
 
 async def run_writers(
-    writers: int, sessions: int, adds: int, add: Callable[[int, Episode], Awaitable[object]]
-) -> tuple[list[float], float]:
-    """Run every writer concurrently; writer ``w`` writes to session ``w % sessions``."""
+    writers: int,
+    sessions: int,
+    adds: int,
+    add: Callable[[int, Episode], Awaitable[object]],
+    readers: int = 0,
+    read: Callable[[int], Awaitable[object]] | None = None,
+) -> tuple[list[float], float, list[float]]:
+    """Run every writer concurrently; writer ``w`` writes to session ``w % sessions``.
+
+    Meanwhile ``readers`` tasks call ``read`` (reader ``r`` on session ``r % sessions``)
+    in a loop until the last writer is done. Returns add latencies, the writers'
+    wall time and read latencies.
+    """
     latencies: list[float] = []
+    read_latencies: list[float] = []
     batches = [writer_episodes(w, adds) for w in range(writers)]
+    writing = True
+
+    async def read_loop(r: int) -> None:
+        assert read is not None
+        while writing:
+            started = time.perf_counter()
+            await read(r % sessions)
+            read_latencies.append(time.perf_counter() - started)
 
     async def write(w: int) -> None:
         for episode in batches[w]:
@@ -86,10 +118,15 @@ async def run_writers(
             latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
-    async with anyio.create_task_group() as tasks:
-        for w in range(writers):
-            tasks.start_soon(write, w)
-    return latencies, time.perf_counter() - started
+    async with anyio.create_task_group() as reading:
+        for r in range(readers):
+            reading.start_soon(read_loop, r)
+        async with anyio.create_task_group() as tasks:
+            for w in range(writers):
+                tasks.start_soon(write, w)
+        add_seconds = time.perf_counter() - started
+        writing = False
+    return latencies, add_seconds, read_latencies
 
 
 # -- memengine -----------------------------------------------------------------
@@ -104,8 +141,13 @@ async def run_memengine(args: argparse.Namespace, directory: Path) -> RunResult:
         async def add(session: int, episode: Episode) -> object:
             return await handles[session].add([episode])
 
+        async def read(session: int) -> object:
+            return await handles[session].context()
+
         started = time.perf_counter()
-        latencies, add_seconds = await run_writers(args.writers, args.sessions, args.adds, add)
+        latencies, add_seconds, read_latencies = await run_writers(
+            args.writers, args.sessions, args.adds, add, args.readers, read
+        )
         for handle in handles:
             await handle.context(wait_for_summary=True)
         drain_seconds = time.perf_counter() - started
@@ -118,6 +160,7 @@ async def run_memengine(args: argparse.Namespace, directory: Path) -> RunResult:
         summarizer.calls,
         summarizer.episodes,
         evictions=sum(max(0, adds - args.max_episodes) for adds in adds_per_session),
+        read_latencies=read_latencies,
     )
 
 
@@ -194,6 +237,10 @@ class LockedSession:
                 self._summary_done = anyio.Event()
                 self._tasks.start_soon(self._summarize, evicted, self._summary_done)
 
+    async def read(self) -> tuple[str | None, tuple[Episode, ...]]:
+        async with self._lock:
+            return self._summary, tuple(self._window)
+
     async def _summarize(self, evicted: list[Episode], done: anyio.Event) -> None:
         try:
             self._summary = await self._summarizer.summarize(self._summary, evicted)
@@ -215,8 +262,13 @@ async def run_baseline(args: argparse.Namespace, directory: Path) -> RunResult:
             async def add(session: int, episode: Episode) -> object:
                 return await sessions[session].add(episode)
 
+            async def read(session: int) -> object:
+                return await sessions[session].read()
+
             started = time.perf_counter()
-            latencies, add_seconds = await run_writers(args.writers, args.sessions, args.adds, add)
+            latencies, add_seconds, read_latencies = await run_writers(
+                args.writers, args.sessions, args.adds, add, args.readers, read
+            )
         drain_seconds = time.perf_counter() - started
     finally:
         store.close()
@@ -228,31 +280,49 @@ async def run_baseline(args: argparse.Namespace, directory: Path) -> RunResult:
         summarizer.calls,
         summarizer.episodes,
         evictions=sum(session.evictions for session in sessions),
+        read_latencies=read_latencies,
     )
 
 
 # -- report --------------------------------------------------------------------
 
 
-def report(args: argparse.Namespace, memengine: RunResult, baseline: RunResult) -> None:
+def report(args: argparse.Namespace, memengine: RunResult, baseline: RunResult | None) -> None:
     total = args.writers * args.adds
     print(
         f"add under a slow summarizer: {args.writers} writers x {args.adds} adds over {args.sessions} sessions "
         f"({total} adds), summarizer {args.latency * 1000:.0f} ms/call, max_episodes={args.max_episodes}, "
         f"backend={args.backend}"
+        + (f", {args.readers} readers looping on context()" if args.readers else "")
+        + (", no baseline" if baseline is None else "")
     )
+    results = [memengine] if baseline is None else [memengine, baseline]
     header = (
         f"{'':<10} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'adds/s':>9} {'adds s':>8} {'drain s':>8} "
         f"{'evicted':>8} {'LLM calls':>9}"
     )
     print(header)
-    for result in (memengine, baseline):
+    for result in results:
         print(
             f"{result.name:<10} {percentile(result.latencies, 0.50) * 1000:>9.2f} "
             f"{percentile(result.latencies, 0.99) * 1000:>9.2f} {max(result.latencies) * 1000:>9.2f} "
             f"{result.adds_per_second:>9.0f} {result.add_seconds:>8.2f} {result.drain_seconds:>8.2f} "
             f"{result.evictions:>8} {result.summarizer_calls:>9}"
         )
+    if args.readers:
+        for result in results:
+            reads = result.read_latencies
+            if reads:
+                print(
+                    f"{result.name:<10} reads: {len(reads)} context reads, "
+                    f"p50 {percentile(reads, 0.50) * 1000:.2f} ms   p99 {percentile(reads, 0.99) * 1000:.2f} ms   "
+                    f"max {max(reads) * 1000:.2f} ms"
+                )
+            else:
+                print(f"{result.name:<10} reads: none completed while the writers wrote")
+    if baseline is None:
+        report_calls(memengine)
+        return
     p50_ratio = percentile(baseline.latencies, 0.50) / percentile(memengine.latencies, 0.50)
     p99_ratio = percentile(baseline.latencies, 0.99) / percentile(memengine.latencies, 0.99)
     rate_ratio = memengine.adds_per_second / baseline.adds_per_second
@@ -260,14 +330,18 @@ def report(args: argparse.Namespace, memengine: RunResult, baseline: RunResult) 
     print(f"ratio  baseline p99 / memengine p99:       {p99_ratio:8.1f}x")
     print(f"ratio  memengine adds/s / baseline adds/s: {rate_ratio:8.1f}x")
     for result in (memengine, baseline):
-        per_call = result.summarized_episodes / result.summarizer_calls if result.summarizer_calls else 0.0
-        print(
-            f"{result.name}: {result.summarizer_calls} summarizer calls for {result.evictions} evicted episodes "
-            f"({per_call:.1f} episodes per call)"
-        )
+        report_calls(result)
     print(
         "(adds s: until the last add returned; drain s: until every eviction was summarized too. "
         "Latency is measured around each add call.)"
+    )
+
+
+def report_calls(result: RunResult) -> None:
+    per_call = result.summarized_episodes / result.summarizer_calls if result.summarizer_calls else 0.0
+    print(
+        f"{result.name}: {result.summarizer_calls} summarizer calls for {result.evictions} evicted episodes "
+        f"({per_call:.1f} episodes per call)"
     )
 
 
@@ -275,7 +349,7 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="memengine-bench-") as name:
         directory = Path(name)
         memengine = await run_memengine(args, directory)
-        baseline = await run_baseline(args, directory)
+        baseline = None if args.no_baseline else await run_baseline(args, directory)
     report(args, memengine, baseline)
 
 
@@ -286,10 +360,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("-l", "--latency", type=float, default=0.2, help="summarizer seconds per call (L)")
     parser.add_argument("-k", "--adds", type=int, default=60, help="adds per writer (K)")
     parser.add_argument("--max-episodes", type=int, default=8, help="window size (SessionConfig.max_episodes)")
+    parser.add_argument(
+        "-r", "--readers", type=int, default=0, help="tasks reading context() in a loop while the writers write"
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="run memengine only")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     args = parser.parse_args()
-    if min(args.writers, args.sessions, args.adds, args.max_episodes) < 1 or args.latency < 0:
-        parser.error("counts must be at least 1 and the latency non-negative")
+    if min(args.writers, args.sessions, args.adds, args.max_episodes) < 1 or args.latency < 0 or args.readers < 0:
+        parser.error("counts must be at least 1 (readers at least 0) and the latency non-negative")
     return args
 
 

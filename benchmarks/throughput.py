@@ -13,8 +13,14 @@ Each round runs all three on fresh database files, alternating the order
 between rounds; the medians over rounds are reported, because the machine is
 shared and noisy. Episodes and raw rows are built before the clocks start.
 
+With ``--evicting``, the episodes are 200 characters long, and each round
+also runs memengine with ``max_episodes=64`` and a summarizer that returns at
+once, so adds evict and summaries are written while the writers go on; it is
+reported beside the same adds without eviction and the raw rates, all on the
+same 200-character rows (default 200 adds per session).
+
 Run: ``.venv/bin/python benchmarks/throughput.py [--sessions S] [--adds A]
-[--rounds R] [--backend asyncio|trio] [--default-config] [--profile]``.
+[--rounds R] [--backend asyncio|trio] [--default-config | --evicting] [--profile]``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import attrs
@@ -46,6 +53,21 @@ RAW_SCHEMA = (
 # memengine's idempotency index, same shape (the default ids are time-ordered UUIDv7).
 RAW_ID_INDEX = "CREATE UNIQUE INDEX episodes_by_id ON episodes (id, session_id)"
 RAW_INSERT = "INSERT INTO episodes VALUES (?, ?, ?, ?, ?, ?, ?)"
+EVICTING_MAX_EPISODES = 64
+EVICTING_CHARS = 200
+
+
+class InstantSummarizer:
+    """A summarizer that returns at once (no LLM wait), counting its calls and episodes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.episodes = 0
+
+    async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+        self.calls += 1
+        self.episodes += len(episodes)
+        return f"{(previous or 'summary')[:200]} +{len(episodes)}"
 
 
 @attrs.frozen
@@ -54,27 +76,31 @@ class EngineRound:
     seconds: float
     activation_seconds: float
     latencies: list[list[float]]  # per session, in add order, seconds
+    summarizer_calls: int = 0
+    summarized_episodes: int = 0
 
 
 def session_id(index: int) -> str:
     return f"session-{index:04d}"
 
 
-def build_episodes(sessions: int, adds: int) -> list[list[Episode]]:
+def build_episodes(sessions: int, adds: int, chars: int | None = None) -> list[list[Episode]]:
     """Episodes per session, created in the order the writers will add them.
 
     A real application creates an episode just before adding it; creating them
     round-robin here gives their (time-ordered) default ids the same order.
+    With ``chars``, every content is padded (or cut) to exactly that length.
     """
     episodes: list[list[Episode]] = [[] for _ in range(sessions)]
     for i in range(adds):
         for s in range(sessions):
-            episodes[s].append(
-                Episode(
-                    "user" if i % 2 == 0 else "assistant",
-                    f"Turn {i} of {session_id(s)}: the user asks about the deployment plan and its rollback steps.",
-                )
-            )
+            content = f"Turn {i} of {session_id(s)}: the user asks about the deployment plan and its rollback steps."
+            if chars is not None:
+                filler = " Then the assistant lists each step, its owner and how long it takes."
+                while len(content) < chars:
+                    content += filler
+                content = content[:chars]
+            episodes[s].append(Episode("user" if i % 2 == 0 else "assistant", content))
     return episodes
 
 
@@ -149,9 +175,12 @@ def raw_batched(path: Path, rows: list[Row], id_index: bool, batch: int = 100) -
 # -- memengine -----------------------------------------------------------------
 
 
-async def engine_round(path: Path, episodes: list[list[Episode]], config: SessionConfig) -> EngineRound:
+async def engine_round(
+    path: Path, episodes: list[list[Episode]], config: SessionConfig, summarizer: InstantSummarizer | None
+) -> EngineRound:
     latencies: list[list[float]] = [[] for _ in episodes]
-    async with open_engine(path, config=config) as engine:
+    options: dict[str, Any] = {} if summarizer is None else {"summarizer": summarizer}
+    async with open_engine(path, config=config, **options) as engine:
         handles = [engine.session(session_id(s)) for s in range(len(episodes))]
 
         # Activate every session first, so the clock measures adds only.
@@ -173,14 +202,21 @@ async def engine_round(path: Path, episodes: list[list[Episode]], config: Sessio
             for s in range(len(episodes)):
                 tasks.start_soon(write, s)
         seconds = time.perf_counter() - started
+    # seconds ends when the last add returned; summaries may still be running then (closing waits for them).
     total = sum(len(batch) for batch in episodes)
-    return EngineRound(total / seconds, seconds, activation_seconds, latencies)
+    calls = summarizer.calls if summarizer is not None else 0
+    summarized = summarizer.episodes if summarizer is not None else 0
+    return EngineRound(total / seconds, seconds, activation_seconds, latencies, calls, summarized)
 
 
 def run_engine_round(
-    args: argparse.Namespace, path: Path, episodes: list[list[Episode]], config: SessionConfig
+    args: argparse.Namespace,
+    path: Path,
+    episodes: list[list[Episode]],
+    config: SessionConfig,
+    summarizer: InstantSummarizer | None = None,
 ) -> EngineRound:
-    return anyio.run(engine_round, path, episodes, config, backend=args.backend)
+    return anyio.run(engine_round, path, episodes, config, summarizer, backend=args.backend)
 
 
 # -- the benchmark -------------------------------------------------------------
@@ -191,6 +227,11 @@ def engine_config(args: argparse.Namespace) -> SessionConfig:
         return SessionConfig()
     # A window large enough that summarization never starts: this measures the write path.
     return SessionConfig(max_episodes=max(1000, args.adds + 1), max_chars=1_000_000_000)
+
+
+def evicting_config() -> SessionConfig:
+    # max_chars large enough that max_episodes binds (64 x 200 characters would exceed the default 8,000).
+    return SessionConfig(max_episodes=EVICTING_MAX_EPISODES, max_chars=1_000_000_000)
 
 
 def profile_engine(args: argparse.Namespace, directory: Path, episodes: list[list[Episode]]) -> None:
@@ -207,7 +248,7 @@ def profile_engine(args: argparse.Namespace, directory: Path, episodes: list[lis
 
 def main(args: argparse.Namespace) -> None:
     config = engine_config(args)
-    episodes = build_episodes(args.sessions, args.adds)
+    episodes = build_episodes(args.sessions, args.adds, EVICTING_CHARS if args.evicting else None)
     rows = build_rows(episodes)
     total = len(rows)
     print(
@@ -215,15 +256,22 @@ def main(args: argparse.Namespace) -> None:
         f"backend={args.backend}, rounds={args.rounds}, "
         f"config={'default SessionConfig()' if args.default_config else f'max_episodes={config.max_episodes}'}, "
         f"raw (id, session_id) index={'yes' if args.raw_id_index else 'no'}"
+        + (
+            f", evicting row: max_episodes={EVICTING_MAX_EPISODES}, instant summarizer, "
+            f"all episodes {EVICTING_CHARS} characters"
+            if args.evicting
+            else ""
+        )
     )
     single: list[float] = []
     single_indexed: list[float] = []
     batched: list[float] = []
     engine: list[EngineRound] = []
+    evicting: list[EngineRound] = []
     with tempfile.TemporaryDirectory(prefix="memengine-bench-") as name:
         directory = Path(name)
         for round_number in range(args.rounds):
-            order = ["single", "single-indexed", "batched", "engine"]
+            order = ["single", "single-indexed", "batched", "engine"] + (["evicting"] if args.evicting else [])
             if round_number % 2:
                 order.reverse()  # alternate, so neither side always runs on a warmer (or busier) machine
             for step in order:
@@ -234,6 +282,8 @@ def main(args: argparse.Namespace) -> None:
                     single_indexed.append(raw_single_row(path, rows, id_index=True))
                 elif step == "batched":
                     batched.append(raw_batched(path, rows, args.raw_id_index))
+                elif step == "evicting":
+                    evicting.append(run_engine_round(args, path, episodes, evicting_config(), InstantSummarizer()))
                 else:
                     engine.append(run_engine_round(args, path, episodes, config))
             print(
@@ -242,9 +292,18 @@ def main(args: argparse.Namespace) -> None:
                 f"memengine/single {engine[-1].adds_per_second / single[-1]:.2f}   "
                 f"memengine/batched {engine[-1].adds_per_second / batched[-1]:.2f}"
             )
+            if args.evicting:
+                print(
+                    f"         evicting memengine {evicting[-1].adds_per_second:>8.0f} adds/s   "
+                    f"evicting/single {evicting[-1].adds_per_second / single[-1]:.2f}   "
+                    f"evicting/no eviction {evicting[-1].adds_per_second / engine[-1].adds_per_second:.2f}   "
+                    f"summarizer calls {evicting[-1].summarizer_calls}"
+                )
         if args.profile:
             profile_engine(args, directory, episodes)
     report(args, engine, single, single_indexed, batched)
+    if args.evicting:
+        report_evicting(args, evicting, engine, single)
 
 
 def report(
@@ -290,10 +349,37 @@ def report(
     )
 
 
+def report_evicting(
+    args: argparse.Namespace, evicting: list[EngineRound], engine: list[EngineRound], single: list[float]
+) -> None:
+    rates = [r.adds_per_second for r in evicting]
+    plain = [r.adds_per_second for r in engine]
+    print(f"evicting (max_episodes={EVICTING_MAX_EPISODES}, instant summarizer), median over {args.rounds} rounds")
+    print(f"  memengine durable adds/s, evicting              {statistics.median(rates):>10.0f}")
+    print(f"  memengine durable adds/s, no eviction           {statistics.median(plain):>10.0f}")
+    print(f"  raw sqlite3 single-row txn/s                    {statistics.median(single):>10.0f}")
+    single_ratio = statistics.median(e / s for e, s in zip(rates, single, strict=True))
+    plain_ratio = statistics.median(e / s for e, s in zip(plain, single, strict=True))
+    vs_plain = statistics.median(e / p for e, p in zip(rates, plain, strict=True))
+    print(f"  ratio evicting / raw single-row                 {single_ratio:>10.2f}")
+    print(f"  ratio no eviction / raw single-row              {plain_ratio:>10.2f}")
+    print(f"  ratio evicting / no eviction                    {vs_plain:>10.2f}")
+    median_round = sorted(evicting, key=lambda r: r.adds_per_second)[len(evicting) // 2]
+    every = [latency for session in median_round.latencies for latency in session]
+    per_call = median_round.summarized_episodes / max(1, median_round.summarizer_calls)
+    print(
+        f"  round at median: {median_round.summarizer_calls} summarizer calls ({per_call:.1f} episodes per call); "
+        f"add p50 {percentile(every, 0.5) * 1000:.2f} ms   p99 {percentile(every, 0.99) * 1000:.2f} ms   "
+        f"max {max(every) * 1000:.2f} ms"
+    )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-s", "--sessions", type=int, default=100, help="concurrent sessions, one writer each (S)")
-    parser.add_argument("-a", "--adds", type=int, default=300, help="single-episode adds per session (A)")
+    parser.add_argument(
+        "-a", "--adds", type=int, default=None, help="single-episode adds per session (A; 300, or 200 with --evicting)"
+    )
     parser.add_argument("-r", "--rounds", type=int, default=3, help="rounds; medians are reported")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument(
@@ -306,8 +392,18 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="give the raw single-row and batched tables memengine's unique (id, session_id) index too",
     )
+    parser.add_argument(
+        "--evicting",
+        action="store_true",
+        help=f"200-character episodes, and also run memengine with max_episodes={EVICTING_MAX_EPISODES} "
+        "and an instant summarizer in every round",
+    )
     parser.add_argument("--profile", action="store_true", help="afterwards, cProfile one extra memengine round")
     args = parser.parse_args()
+    if args.evicting and args.default_config:
+        parser.error("--evicting and --default-config do not go together")
+    if args.adds is None:
+        args.adds = 200 if args.evicting else 300
     if min(args.sessions, args.adds, args.rounds) < 1:
         parser.error("--sessions, --adds and --rounds must be at least 1")
     return args
