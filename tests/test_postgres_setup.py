@@ -144,6 +144,58 @@ async def test_opening_a_current_schema_writes_nothing_to_it() -> None:
         assert admin(f"SELECT xmin::text, version FROM {schema}.memengine_schema") == before
 
 
+async def test_a_role_without_rights_on_the_tables_is_told_what_to_grant() -> None:
+    with fresh_schema() as owner_url:
+        async with open_store(owner_url):
+            pass
+        with data_only_role(schema_of(owner_url)) as app_url:
+            role = app_url.split("://", 1)[1].split(":", 1)[0]
+            admin(f"REVOKE ALL ON ALL TABLES IN SCHEMA {schema_of(owner_url)} FROM {role}")
+            error = await opening_fails(app_url)
+            assert isinstance(error, StoreError), repr(error)
+            assert "GRANT" in str(error).upper() and "memengine_schema" in str(error)
+
+
+def test_migrate_as_a_data_only_role_fails_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with fresh_schema() as owner_url, data_only_role(schema_of(owner_url)) as app_url:
+        assert main(["migrate", app_url]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("memengine migrate: could not migrate") and err.count("\n") == 1
+        assert "permission denied" in err and "hunter2" not in err
+
+
+async def test_opening_waits_for_another_process_migration_longer_than_lock_timeout() -> None:
+    import anyio
+    import psycopg
+
+    with fresh_schema() as url:
+        holder = psycopg.connect(POSTGRES_SERVER)
+        try:
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (postgres_schema.MIGRATION_LOCK,))
+            async with anyio.create_task_group() as group:
+                opened = anyio.Event()
+
+                async def open_one() -> None:
+                    async with open_store(url + "%20-c%20lock_timeout%3D200ms"):
+                        opened.set()
+
+                group.start_soon(open_one)
+                with anyio.fail_after(10):
+                    # The server's state, polled: there is nothing to wait on instead.
+                    while not admin(  # noqa: ASYNC110
+                        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s",
+                        postgres_schema.MIGRATION_LOCK & 0xFFFFFFFF,
+                    ):
+                        await anyio.sleep(0.05)
+                await anyio.sleep(0.5)  # past the opener's lock_timeout
+                assert not opened.is_set()
+                await anyio.to_thread.run_sync(holder.rollback)
+                with anyio.fail_after(10):
+                    await opened.wait()
+        finally:
+            holder.close()
+
+
 def test_migrate_takes_a_sqlite_path_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from memengine.store import sqlite_schema
 

@@ -41,6 +41,8 @@ from .schema_window import check_newer, compatible_from
 
 #: The advisory lock key every memengine process takes while migrating ("memengine" in ASCII, truncated).
 MIGRATION_LOCK = 0x6D656D656E67696E & 0x7FFFFFFFFFFFFFFF
+#: How long a process waits for another's migration to finish (its statements keep their lock_timeout).
+MIGRATION_LOCK_WAIT = "60s"
 
 _JOURNAL = (
     "CREATE TABLE sessions ("
@@ -154,8 +156,9 @@ def find_schema(conn: Any) -> str:
     if current is None:
         (search_path,) = conn.execute("SHOW search_path").fetchone()
         raise StoreError(
-            f"no schema of the search_path ({search_path}) exists to create memengine's tables in: "
-            "create one, or name an existing one in the URL (?options=-csearch_path%3D<schema>)"
+            f"no schema of the search_path ({search_path}) exists (or this role has USAGE on none of them) "
+            "to find or create memengine's tables in: create one (or grant USAGE on it), or name one in "
+            "the URL (?options=-csearch_path%3D<schema>)"
         )
     return str(current)
 
@@ -190,15 +193,19 @@ def prepare_schema(conn: Any, migrate_url: str) -> None:
         if getattr(exc, "sqlstate", None) != _INSUFFICIENT_PRIVILEGE:
             raise
         (schema, user) = conn.execute("SELECT current_schema(), current_user").fetchone()
+        reason = " ".join(str(exc).split())
         if state is None:
-            state_said = "holds a memengine_schema table this role may not read"
-        elif state.version == 0:
+            raise StoreError(
+                f"role {user} may not read {schema}.memengine_schema ({reason}): grant it SELECT, INSERT, "
+                f"UPDATE, DELETE on all tables in schema {schema} and USAGE on its sequences"
+            ) from exc
+        if state.version == 0:
             state_said = "has no memengine tables"
         else:
             state_said = f"is at schema version {state.version}"
         raise StoreError(
             f"schema {schema} {state_said}, this memengine needs version {SCHEMA_VERSION}, and role {user} "
-            f"may not migrate it ({' '.join(str(exc).split())}): run `memengine migrate {migrate_url}` "
+            f"may not migrate it ({reason}): run `memengine migrate {migrate_url}` "
             "as a role that owns the schema"
         ) from exc
 
@@ -213,7 +220,7 @@ def migrate(conn: Any, migrations: Sequence[Migration] = MIGRATIONS) -> tuple[in
     """
     target = len(migrations)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        _take_migration_lock(conn)
         table = _has_schema_table(conn)
         if not table:
             conn.execute(_SCHEMA_TABLE)
@@ -235,6 +242,16 @@ def migrate(conn: Any, migrations: Sequence[Migration] = MIGRATIONS) -> tuple[in
             (target, target - lowest),
         )
     return state.version, target
+
+
+def _take_migration_lock(conn: Any) -> None:
+    # Waiting for another process's migration blocks nobody else: it may wait longer than the
+    # connection's lock_timeout (meant for the locks replicas queue behind), then the timeout is back.
+    (lock_timeout,) = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+    if lock_timeout != "0":
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (MIGRATION_LOCK_WAIT,))
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
 
 
 # Both read pg_class with the statement's snapshot, not through the backend's catalog cache (which
