@@ -285,6 +285,8 @@ async def test_a_newer_schema_that_declares_this_code_compatible_opens() -> None
         async with open_engine(url) as engine:
             await engine.session("s").add([Episode("user", "hello")])
         assert admin(f"SELECT version FROM {schema}.memengine_schema") == [(version + 1,)]
+        assert main(["migrate", url]) == 0  # leaves it as it is
+        assert admin(f"SELECT version, compatible_back FROM {schema}.memengine_schema") == [(version + 1, 1)]
 
 
 async def test_a_newer_schema_beyond_the_window_is_refused() -> None:

@@ -78,11 +78,23 @@ def run(options: argparse.Namespace) -> int:
         reason = " ".join(str(failure).split())  # one line, whatever the driver's message spans
         print(f"memengine migrate: could not migrate {shown}: {reason}", file=sys.stderr)
         return 1
-    if before == after:
+    if before == after and after > _understood(db):
+        print(f"{where} is at version {after}, newer than this memengine ({_understood(db)}) but compatible with it")
+    elif before == after:
         print(f"{where} is already at version {after}")
     else:
         print(f"migrated {where} from version {before} to {after}")
     return 0
+
+
+def _understood(db: str) -> int:
+    if is_postgres_url(db):
+        from ..store.postgres_schema import SCHEMA_VERSION as postgres_version
+
+        return postgres_version
+    from ..store.sqlite_schema import SCHEMA_VERSION as sqlite_version
+
+    return sqlite_version
 
 
 def _sqlite_problem(path: Path) -> str | None:

@@ -193,7 +193,7 @@ def prepare_schema(conn: Any, migrate_url: str) -> None:
         if getattr(exc, "sqlstate", None) != _INSUFFICIENT_PRIVILEGE:
             raise
         (schema, user) = conn.execute("SELECT current_schema(), current_user").fetchone()
-        reason = " ".join(str(exc).split())
+        reason = getattr(getattr(exc, "diag", None), "message_primary", None) or str(exc).splitlines()[0]
         if state is None:
             raise StoreError(
                 f"role {user} may not read {schema}.memengine_schema ({reason}): grant it SELECT, INSERT, "
