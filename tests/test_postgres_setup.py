@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from memengine import Episode, StoreError, open_engine
+from memengine import Episode, SessionConfig, StoreError, open_engine
 from memengine.cli import main
 from memengine.store import postgres_schema
 from memengine.store.open import open_store
 
 from .conftest import POSTGRES_SERVER, postgres_unreachable
 from .conftest import postgres_schema as fresh_schema
+from .fakes import RecordingSink, RecordingSummarizer, covered
 
 pytestmark = pytest.mark.anyio
 
@@ -102,12 +103,23 @@ async def test_a_data_only_role_opens_the_engine_after_migrate(capsys: pytest.Ca
         assert main(["migrate", owner_url]) == 0
         assert f"from version 0 to {postgres_schema.SCHEMA_VERSION}" in capsys.readouterr().out
         with data_only_role(schema_of(owner_url)) as app_url:
-            async with open_engine(app_url) as engine:
-                await engine.session("s").add([Episode("user", "hello"), Episode("assistant", "hi")])
-            async with open_engine(app_url) as engine:
+            sink = RecordingSink()
+            config = SessionConfig(max_episodes=3, retain_every=2, passivate_after=None)
+            async with open_engine(
+                app_url, summarizer=RecordingSummarizer(), retain_sink=sink, config=config
+            ) as engine:
+                session = engine.session("s")
+                await session.add([Episode("user", "hello"), Episode("assistant", "hi")])
+                await session.add([Episode("user", f"turn {n}") for n in range(3, 7)])
+                assert covered((await session.context(wait_for_summary=True)).summary) == ["hello", "hi", "turn 3"]
+                await sink.wait_for(1)
+                await engine.session("gone").add([Episode("user", "bye")])
+                await engine.session("gone").clear()
+            async with open_engine(app_url, summarizer=RecordingSummarizer(), config=config) as engine:
                 context = await engine.session("s").context()
-                assert [e.content for e in context.episodes] == ["hello", "hi"]
+                assert [e.content for e in context.episodes] == ["turn 4", "turn 5", "turn 6"]
                 assert [r.episode.content for r in await engine.recall("hello")] == ["hello"]
+            assert sink.delivered_contents()[:2] == ["hello", "hi"]
         assert main(["migrate", owner_url]) == 0
         assert f"already at version {postgres_schema.SCHEMA_VERSION}" in capsys.readouterr().out
 
