@@ -283,6 +283,22 @@ async def test_an_empty_search_path_schema_gets_the_tables() -> None:
         assert {"episodes", "memengine_schema"} <= tables_in(old)
 
 
+async def test_a_schema_name_that_needs_quoting_is_pinned_as_it_is() -> None:
+    from urllib.parse import quote
+
+    with empty_schemas(1) as (plain,):
+        schema = f"Memengine Test {plain[-12:]}"
+        admin(f'CREATE SCHEMA "{schema}"')
+        try:
+            options = quote(f'-c search_path="{schema.replace(" ", chr(92) + " ")}"', safe="")
+            async with open_engine(f"{POSTGRES_SERVER}?options={options}") as engine:
+                await engine.session("s").add([Episode("user", "hello")])
+                assert show(engine.store._reader, "search_path") == f'"{schema}"'  # type: ignore[attr-defined]
+            assert admin(f'SELECT content FROM "{schema}".episodes') == [("hello",)]
+        finally:
+            admin(f'DROP SCHEMA "{schema}" CASCADE')
+
+
 # -- rolling upgrades: the compatibility window ---------------------------------------------
 
 
