@@ -233,7 +233,7 @@ async def hammer(engine: Any, name: str, seconds: float) -> None:
                         # Maybe stored, maybe not (a StoreError after a lost connection is no better).
                         emit(op="doubt", session=session_id, id=episode.id, error=type(exc).__name__, message=str(exc))
                         raise
-                    emit(op="ack", session=session_id, id=stored.id, seq=stored.seq, content=stored.content)
+                    emit(op="ack", session=session_id, id=stored.id, seq=stored.seq, content=stored.content, at=time.time())
                 else:
                     context = await handle.context()
                     emit(op="read", **context_record(session_id, context))
