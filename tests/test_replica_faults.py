@@ -431,6 +431,74 @@ async def test_calls_after_the_servers_dropped_the_idle_connections_succeed(pg_u
             assert sorted(h.episode.content for h in hits) == ["first words", "second words"]
 
 
+@pytest.mark.anyio
+async def test_leases_are_kept_across_a_dropped_connection(pg_url: str) -> None:
+    """The engine's connections are killed while it holds a session; lease renewals come due meanwhile.
+
+    The renewals (every third of ``lease_ttl``) must reach the database over a
+    new connection: the session stays this process's, and the next add
+    succeeds, without LeaseLostError (or a StoreError).
+    """
+    app = f"memengine-fault-{uuid.uuid4().hex[:10]}"
+    config = SessionConfig(lease_ttl=1.5, lease_wait=5.0, passivate_after=None)
+    with anyio.fail_after(60):
+        async with open_engine(named(pg_url, app), owner="renewing", config=config) as engine:
+            await engine.session("s").add([Episode("user", "before the drop")])
+            killed = await anyio.to_thread.run_sync(terminate_backends, app)
+            assert killed >= 1
+            await anyio.sleep(3.0)  # two ttl's: renewals came due (and the lease lapsed if they failed)
+            try:
+                (stored,) = await engine.session("s").add([Episode("user", "after the drop")])
+            except MemEngineError as exc:
+                pytest.fail(f"the add 3 s after the connections were dropped: {type(exc).__name__}: {exc}")
+            assert stored.seq == 2
+            (owner, expires_in), *_ = StoreRows(pg_url).query(
+                "SELECT owner, expires_at - extract(epoch from clock_timestamp())::float8 FROM session_leases "
+                "WHERE session_id = 's'"
+            )
+            assert owner == "renewing" and expires_in > 0, (owner, expires_in)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_replica_waiting_behind_a_held_lease_row_lock_still_exits_in_bounded_time(pg_url: str, backend: str) -> None:
+    """A call of replica B waits for a lease row another transaction keeps locked (a frozen replica's).
+
+    Asked to exit meanwhile, B leaves ``open_engine`` within its documented
+    bound (``EXIT_STORE_SECONDS`` plus ``retain_grace``, 7 s here; 12 s with
+    the process's own start and stop), exits cleanly, and keeps everything it
+    had acknowledged.
+    """
+    b = FaultWorker(pg_url, backend, "stuck-b", MEMENGINE_TEST_LEASE_TTL="2.0", MEMENGINE_TEST_LEASE_WAIT="30")
+    holder = None
+    try:
+        answer = b.ask(10, op="add", session="mine", contents=["acknowledged before"])
+        assert answer is not None and answer["op"] == "ack", answer
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # a replica that died holding "theirs"
+            conn.execute(
+                "INSERT INTO session_leases (session_id, owner, token, expires_at) "
+                "VALUES ('theirs', 'frozen', 1, extract(epoch from clock_timestamp())::float8 - 1)"
+            )
+        holder = RowLockHolder(pg_url, "theirs")
+        b.send(op="add", session="theirs", contents=["stuck"])
+        time.sleep(1.5)
+        asked = time.monotonic()
+        b.send(op="exit")
+        try:
+            b.process.wait(timeout=12)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"B did not exit within 12 s of being asked, while the lease row stayed locked: {b.stderr()}")
+        took = time.monotonic() - asked
+        b.finish(5)
+        assert took < 12, took
+    finally:
+        if holder is not None:
+            holder.release()
+        b.stop()
+    assert StoreRows(pg_url).query("SELECT session_id, content FROM episodes WHERE session_id = 'mine'") == [
+        ("mine", "acknowledged before")
+    ]
+
+
 # -- 4. chaos: replicas paused and their connections killed at random, with a retain sink ---------------------
 
 CHAOS_SECONDS = 20.0
