@@ -329,6 +329,8 @@ def test_a_frozen_replica_holding_a_lease_row_lock_does_not_stall_the_other_repl
     a_contents = [content for _, _, content in stored["a-1"]]
     if a_contents[:3] != ["a turn 1", "a turn 2", "a turn 3"]:
         problems.append(f"a-1 holds {a_contents}")
+    if a is not None and len([r for r in a.records if r["op"] == "ack"]) == 4 and "a turn 4 (frozen)" not in a_contents:
+        problems.append(f"A acknowledged its frozen add (after SIGCONT) but a-1 holds {a_contents}")
     for session, eps in stored.items():
         if [seq for seq, _, _ in eps] != list(range(1, len(eps) + 1)):
             problems.append(f"{session}: seqs not dense: {[seq for seq, _, _ in eps]}")
