@@ -227,6 +227,7 @@ async def hammer(engine: Any, name: str, seconds: float) -> None:
                 if rng.random() < 0.7:
                     count += 1
                     episode = Episode("user", f"{name} {count}")
+                    emit(op="try", session=session_id, id=episode.id)  # may be stored if this process is killed now
                     try:
                         (stored,) = await handle.add([episode])
                     except (UncertainCommitError, StoreError) as exc:

@@ -153,6 +153,12 @@ class FaultWorker:
         assert self.records and self.records[-1]["op"] == "exited", self.stderr()
         return self.records
 
+    def collect(self) -> list[dict[str, Any]]:
+        """After the process was killed: everything it printed."""
+        self.process.wait(10)
+        self._readers[0].join(10)
+        return self.records
+
     def exit(self, timeout: float = 30) -> list[dict[str, Any]]:
         self.send(op="exit")
         return self.finish(timeout)
@@ -509,9 +515,9 @@ CHAOS_SECONDS = 20.0
 def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(store_url: str) -> None:
     """Three replicas hammer 12 shared sessions for 20 s with a retain sink, while the test, at random,
 
-    pauses one of them (SIGSTOP for 0.5-3 s, then SIGCONT) or, on PostgreSQL,
-    kills its server connections (``pg_terminate_backend``); SQLite gets
-    pauses only (a paused replica may hold the file's write lock). The last
+    pauses one of them (SIGSTOP for 0.5-3 s, then SIGCONT), kills it (kill -9)
+    and starts it again under the same name, or, on PostgreSQL, kills its
+    server connections (``pg_terminate_backend``). The last
     3 s or more are fault-free. Afterwards (and after a fresh replica drained the
     retain outbox):
 
@@ -519,7 +525,8 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
       recovered from every pause and every lost connection);
 
     - every acknowledged add is stored once, at the seq it was acknowledged
-      with; an add that failed in doubt is stored at most once; nothing else;
+      with; an add that failed in doubt, or was under way in a killed
+      process, is stored at most once; nothing else;
     - seqs are dense per session; every read is gap- and overlap-free;
     - never two owners of a session at once (the lease log);
     - retain: the sink dedupes by ``RetainBatch.key`` (the documented way to
@@ -540,28 +547,48 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
     pg_url = store_url
     last_fault = time.time()
     names = [f"chaos-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
-    workers: list[FaultWorker] = []
+    backends = dict(zip(names, ["asyncio", "trio", "asyncio"], strict=True))
+    workers: list[FaultWorker] = []  # every process started, for the cleanup
+    live: dict[str, FaultWorker] = {}
+    records: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by owner name, over its incarnations
+    killed_tries: set[str] = set()  # ids a killed process was adding: they may or may not be stored
     faults: list[str] = []
+
+    def start(name: str, seconds: float) -> None:
+        url = named(store_url, name) if postgres else store_url
+        live[name] = FaultWorker(url, backends[name], name, "hammer", seconds, **env)
+        workers.append(live[name])
+
     try:
         started = time.monotonic()
-        for name, backend in zip(names, ["asyncio", "trio", "asyncio"], strict=True):
-            url = named(store_url, name) if postgres else store_url
-            workers.append(FaultWorker(url, backend, name, "hammer", CHAOS_SECONDS, **env))
+        for name in names:
+            start(name, CHAOS_SECONDS)
         # No fault starts in the last 6 s of the first replica's hammer (a pause lasts up to 3 s): 3 s or more without.
         deadline = started + CHAOS_SECONDS - 6
         while time.monotonic() < deadline:
-            victim = rng.choice(workers)
-            if not postgres or rng.random() < 0.5:
+            name = rng.choice(names)
+            victim, roll = live[name], rng.random()
+            if roll < 0.15:
+                # kill -9, and a new process under the same name (it takes its sessions back at once).
+                victim.signal(signal.SIGKILL)
+                printed = victim.collect()
+                answered = {r["id"] for r in printed if r["op"] in ("ack", "doubt")}
+                killed_tries.update(r["id"] for r in printed if r["op"] == "try" and r["id"] not in answered)
+                records[name].extend(printed)
+                start(name, max(5.0, started + CHAOS_SECONDS - time.monotonic()))
+                faults.append(f"killed -9 and restarted {name}")
+            elif not postgres or roll < 0.6:
                 pause = rng.uniform(0.5, 3.0)
                 victim.signal(signal.SIGSTOP)
                 time.sleep(pause)
                 victim.signal(signal.SIGCONT)
-                faults.append(f"paused {victim.name} {pause:.1f} s")
+                faults.append(f"paused {name} {pause:.1f} s")
             else:
-                faults.append(f"killed {terminate_backends(victim.name)} connections of {victim.name}")
+                faults.append(f"killed {terminate_backends(name)} connections of {name}")
             last_fault = time.time()
             time.sleep(rng.uniform(0.2, 1.0))
-        records = {worker.name: worker.finish(90) for worker in workers}
+        for name, worker in live.items():
+            records[name].extend(worker.finish(90))
         # A fresh replica delivers whatever the others left in the retain outbox.
         drainer = FaultWorker(pg_url, "trio", "drainer", **env)
         workers.append(drainer)
@@ -601,7 +628,7 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
         if stored_by_id.get(ack["id"]) != (ack["session"], ack["seq"]):
             problems.append(f"acknowledged add not stored as acknowledged: {ack} -> {stored_by_id.get(ack['id'])}")
     acked_ids = {ack["id"] for ack in acks}
-    unexplained = [i for i in stored_by_id if i not in acked_ids and i not in doubts]
+    unexplained = [i for i in stored_by_id if i not in acked_ids and i not in doubts and i not in killed_tries]
     if unexplained:
         problems.append(f"{len(unexplained)} stored episodes nobody added: {unexplained[:3]}")
     for session, eps in stored.items():
