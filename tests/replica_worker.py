@@ -234,7 +234,14 @@ async def hammer(engine: Any, name: str, seconds: float) -> None:
                         # Maybe stored, maybe not (a StoreError after a lost connection is no better).
                         emit(op="doubt", session=session_id, id=episode.id, error=type(exc).__name__, message=str(exc))
                         raise
-                    emit(op="ack", session=session_id, id=stored.id, seq=stored.seq, content=stored.content, at=time.time())
+                    emit(
+                        op="ack",
+                        session=session_id,
+                        id=stored.id,
+                        seq=stored.seq,
+                        content=stored.content,
+                        at=time.time(),
+                    )
                 else:
                     context = await handle.context()
                     emit(op="read", **context_record(session_id, context))
@@ -261,8 +268,13 @@ async def heartbeat(engine: Any, sessions: Sequence[str], interval: float) -> No
             (stored,) = await engine.session(session_id).add([episode])
         except MemEngineError as exc:
             emit(
-                op="beat_error", session=session_id, id=episode.id, at=at, latency=time.monotonic() - started,
-                error=type(exc).__name__, message=str(exc),
+                op="beat_error",
+                session=session_id,
+                id=episode.id,
+                at=at,
+                latency=time.monotonic() - started,
+                error=type(exc).__name__,
+                message=str(exc),
             )
         else:
             emit(op="beat", session=session_id, id=stored.id, seq=stored.seq, at=at, latency=time.monotonic() - started)
@@ -321,7 +333,10 @@ async def one_call(engine: Any, command: dict[str, Any]) -> None:
             emit(op="context", **context_record(command["session"], context))
     except MemEngineError as exc:
         emit(
-            op="error", session=command["session"], error=type(exc).__name__, message=str(exc),
+            op="error",
+            session=command["session"],
+            error=type(exc).__name__,
+            message=str(exc),
             latency=time.monotonic() - started,
         )
 

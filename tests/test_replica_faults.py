@@ -10,6 +10,7 @@ PostgreSQL only. Every wait has a timeout: a test fails, it never hangs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
@@ -31,7 +32,7 @@ from memengine import Episode, LeaseLostError, MemEngineError, SessionConfig, op
 
 from .conftest import POSTGRES_SERVER, StoreRows, postgres_schema
 from .replica_worker import untagged
-from .test_replicas import ROOT, covered, lease_overlaps
+from .test_replicas import ROOT, covered, lease_overlaps, retain_problems
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -224,7 +225,7 @@ def heartbeat_report(records: list[dict[str, Any]], start: float, end: float) ->
     beats = [r for r in records if r["op"] == "beat" and start <= r["at"] and r["at"] + r["latency"] <= end]
     errors = [r for r in records if r["op"] == "beat_error"]
     done = sorted([start, end] + [r["at"] + r["latency"] for r in beats])
-    longest = max(later - earlier for earlier, later in zip(done, done[1:]))
+    longest = max(later - earlier for earlier, later in itertools.pairwise(done))
     return len(beats), longest, errors
 
 
@@ -651,39 +652,14 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
     # Retain, as a sink that dedupes by key sees it.
     if left:
         problems.append(f"{left} batches still in the retain outbox after draining")
-    first_by_key: dict[str, dict[str, Any]] = {}
-    redelivered = 0
-    for r in sorted((r for r in everything if r["op"] == "retained"), key=lambda r: r["at"]):
-        earlier = first_by_key.get(r["key"])
-        if earlier is None:
-            first_by_key[r["key"]] = r
-            continue
-        redelivered += 1
-        if (earlier["session"], earlier["first_seq"], earlier["last_seq"], earlier["episodes"]) != (
-            r["session"],
-            r["first_seq"],
-            r["last_seq"],
-            r["episodes"],
-        ):
-            problems.append(f"key {r['key']} came with different content: {earlier} / {r}")
-    delivered: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in first_by_key.values():  # in order of first delivery
-        delivered[r["session"]].append(r)
-    for session, eps in stored.items():
-        batches = delivered.get(session, [])
-        seqs = [seq for b in batches for seq, _ in b["episodes"]]
-        ids = [episode_id for b in batches for _, episode_id in b["episodes"]]
-        if seqs != list(range(1, len(eps) + 1)) or ids != [episode_id for _, episode_id, _ in eps]:
-            problems.append(
-                f"retain of {session}: delivered seqs {seqs} (batches "
-                f"{[(b['first_seq'], b['last_seq']) for b in batches]}), stored 1..{len(eps)}"
-            )
+    retained = [r for r in everything if r["op"] == "retained"]
+    retain_wrong, redelivered = retain_problems(retained, stored, dedupe=True)
+    problems.extend(retain_wrong)
     print(
         f"chaos: {len(acks)} acks, {len(doubts)} in doubt, {len(reads)} reads, refusals {dict(refusals)}, "
-        f"{len(first_by_key)} batches, {redelivered} redelivered; faults: {fault_log}"
+        f"{len(retained)} batches, {redelivered} redelivered; faults: {fault_log}"
     )
     assert not problems, (
         "\n".join(problems[:20]) + f"\n({len(problems)} problems; {len(acks)} acks, {len(doubts)} in doubt, "
         f"refusals {dict(refusals)}, {redelivered} batches redelivered; faults: {fault_log})"
     )
-
