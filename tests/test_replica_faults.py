@@ -523,7 +523,8 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
     retain outbox):
 
     - every replica acknowledged adds again after the last fault (it
-      recovered from every pause and every lost connection);
+      recovered from every pause and every lost connection), and no call
+      failed because a connection had been dropped while idle (BEGIN failed);
 
     - every acknowledged add is stored once, at the seq it was acknowledged
       with; an add that failed in doubt, or was under way in a killed
@@ -652,6 +653,13 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
     # Retain, as a sink that dedupes by key sees it.
     if left:
         problems.append(f"{left} batches still in the retain outbox after draining")
+    # A connection the server dropped while it was idle must not fail a call: nothing was under way
+    # (the engine can tell: BEGIN itself failed), so a new connection can simply be used.
+    idle_drops = [
+        r for r in everything if r["op"] in ("refused", "doubt") and "could not begin a transaction" in r["message"]
+    ]
+    if idle_drops:
+        problems.append(f"{len(idle_drops)} calls failed on a connection dropped while idle: {idle_drops[:2]}")
     retained = [r for r in everything if r["op"] == "retained"]
     retain_wrong, redelivered = retain_problems(retained, stored, dedupe=True)
     problems.extend(retain_wrong)
