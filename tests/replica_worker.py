@@ -24,7 +24,8 @@ Fault knobs (environment):
   (``SELECT ... FOR SHARE`` on the session's lease row, inside the commit's
   open transaction, on the engine's own connection) and then the whole
   process stops itself with SIGSTOP, holding the transaction and the row lock
-  until the test sends SIGCONT (or kills it);
+  until the test sends SIGCONT (or kills it); with ``"at": "renewal"``, the
+  next lease renewal that extends the session's lease does the same;
 - in ``hammer`` mode, ``MEMENGINE_TEST_HAMMER_SESSIONS`` (default 50) shared
   sessions; any engine error of a call is printed (``refused``, or ``doubt``
   with the episode id when the add may or may not be stored) instead of
@@ -127,42 +128,53 @@ class PrintingSink:
 
 
 class FreezeTrap:
-    """Stops the whole process (SIGSTOP) inside a write transaction of one session, after its lease check.
+    """Stops the whole process (SIGSTOP) inside a transaction that holds a session's lease row lock.
 
-    The lease check locks the session's lease row (``FOR SHARE`` on
-    PostgreSQL) on the engine's own connection, in the commit's open
-    transaction: the stopped process holds that lock until it is continued
+    ``at="write"``: in a write of the session, after its lease check, which
+    locks the session's lease row (``FOR SHARE`` on PostgreSQL).
+    ``at="renewal"``: in a lease renewal that extended the session's lease
+    (the ``UPDATE`` locks the row of every lease it renews).
+    Either way on the engine's own connection, in the commit's open
+    transaction: the stopped process holds the locks until it is continued
     or killed, as a replica frozen by the OS, a VM pause or a GC would.
     """
 
     def __init__(self) -> None:
         self.session: str | None = None
+        self.at = "write"
         self.lock = threading.Lock()
-        require, all_held = lease_sql.require, lease_sql.all_held
+        require, all_held, renew = lease_sql.require, lease_sql.all_held, lease_sql.renew
 
         def trapped_require(db: Any, session_id: str, token: int) -> None:
             require(db, session_id, token)
-            self.spring([session_id])
+            self.spring("write", [session_id])
 
         def trapped_all_held(db: Any, held: Sequence[tuple[str, int]]) -> bool:
             result = all_held(db, held)
             if result:
-                self.spring([session_id for session_id, _ in held])
+                self.spring("write", [session_id for session_id, _ in held])
             return result
 
-        lease_sql.require, lease_sql.all_held = trapped_require, trapped_all_held
+        def trapped_renew(db: Any, owner: str, leases: Any, ttl: float) -> set[str]:
+            renewed = renew(db, owner, leases, ttl)
+            self.spring("renewal", sorted(renewed))
+            return renewed
 
-    def arm(self, session_id: str) -> None:
-        with self.lock:
-            self.session = session_id
+        lease_sql.require, lease_sql.all_held, lease_sql.renew = trapped_require, trapped_all_held, trapped_renew
 
-    def spring(self, sessions: Sequence[str]) -> None:
+    def arm(self, session_id: str, at: str) -> None:
         with self.lock:
-            if self.session is None or self.session not in sessions:
+            self.session, self.at = session_id, at
+
+    def spring(self, at: str, sessions: Sequence[str]) -> None:
+        with self.lock:
+            if self.session is None or self.session not in sessions or self.at != at:
                 return
             self.session = None
         emit(op="freezing", session=sessions, at=time.time())
-        os.kill(os.getpid(), signal.SIGSTOP)  # in the store's thread, inside the open transaction
+        # Directed at this thread (the store's, inside the open transaction), so this very thread stops
+        # before it returns: sent to the process, another thread might take it while this one commits.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         emit(op="thawed", at=time.time())
 
 
@@ -305,7 +317,7 @@ async def serve_commands(engine: Any, background: Any) -> None:
             continue
         if op == "freeze":
             assert TRAP is not None, "set MEMENGINE_TEST_FREEZE_IN_TRANSACTION=1"
-            TRAP.arm(command["session"])
+            TRAP.arm(command["session"], command.get("at", "write"))
             emit(op="armed", session=command["session"])
             continue
         if op == "recall":

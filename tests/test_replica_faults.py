@@ -229,13 +229,15 @@ def heartbeat_report(records: list[dict[str, Any]], start: float, end: float) ->
     return len(beats), longest, errors
 
 
-@pytest.mark.parametrize("freeze", ["sigstop-in-transaction", "row-lock-held-by-test"])
+@pytest.mark.parametrize("freeze", ["sigstop-in-transaction", "sigstop-in-renewal", "row-lock-held-by-test"])
 def test_a_frozen_replica_holding_a_lease_row_lock_does_not_stall_the_other_replica(pg_url: str, freeze: str) -> None:
     """Replica A freezes holding a lock on its session's lease row; replica B must go on serving.
 
     ``sigstop-in-transaction``: A (a real engine process) stops itself with
     SIGSTOP in the middle of a write of session ``a-1``, after its lease check
     took ``FOR SHARE`` on the row, inside the open transaction.
+    ``sigstop-in-renewal``: A stops itself in a lease renewal, after the
+    ``UPDATE`` that extended (and locked) the lease rows of its sessions.
     ``row-lock-held-by-test``: the test emulates that with its own connection
     (``SELECT ... FOR SHARE`` in an open transaction on the row of a session
     ``a-1`` whose owner A was killed).
@@ -263,10 +265,12 @@ def test_a_frozen_replica_holding_a_lease_row_lock_does_not_stall_the_other_repl
         for _ in range(10):
             assert b.wait_for("beat", timeout=10) is not None, "B's heartbeat never started"
 
-        if freeze == "sigstop-in-transaction":
-            assert a.ask(10, op="freeze", session="a-1") == {"op": "armed", "session": "a-1"}
-            a.send(op="add", session="a-1", contents=["a turn 4 (frozen)"])
-            assert a.wait_for("freezing", timeout=10) is not None, "A never reached its write"
+        if freeze.startswith("sigstop"):
+            at = "write" if freeze == "sigstop-in-transaction" else "renewal"
+            assert a.ask(10, op="freeze", session="a-1", at=at) == {"op": "armed", "session": "a-1"}
+            if at == "write":
+                a.send(op="add", session="a-1", contents=["a turn 4 (frozen)"])
+            assert a.wait_for("freezing", timeout=10) is not None, f"A never reached its {at}"
             deadline = time.monotonic() + 10
             while process_state(a.process.pid) != "T":
                 assert time.monotonic() < deadline, "A did not stop"
