@@ -26,7 +26,7 @@ batches waiting for their retry time are tried at once.
 Where several processes share the store, each runs a delivery actor: a batch
 is sent only under a claim (see store/outbox.py), which only the oldest batch
 of a session can get; the claim is extended while the call lasts, and a dead
-process's claim lapses after ``CLAIM_SECONDS``.
+process's claim lapses after ``retain_claim_seconds``.
 """
 
 from __future__ import annotations
@@ -52,8 +52,6 @@ log = logging.getLogger("memengine.retain")
 _CONCURRENT_SESSIONS = 8
 #: Due batches read from the outbox at once; what falls due meanwhile is read when they are handed out.
 _WINDOW = 256
-#: How long a claim on a batch lasts; it is extended every third of this while a sink call runs.
-CLAIM_SECONDS = 60.0
 
 
 def _batch(entry: OutboxEntry) -> RetainBatch:
@@ -173,7 +171,7 @@ class RetainDelivery:
             # Claim, and so read, the batch right before the call: a clear or delete since it
             # was found may have revised or dropped it, and a deleted episode must not be
             # handed on after the delete returned.
-            entry = await self._store.claim_retain(due.id, due.key, CLAIM_SECONDS)
+            entry = await self._store.claim_retain(due.id, due.key, config.retain_claim_seconds)
         except Exception:
             log.exception("claiming a retain batch failed; it is tried again later")
             return config.retain_backoff
@@ -248,16 +246,17 @@ class RetainDelivery:
         return retry_in
 
     async def _keep_claims(self) -> None:
-        """Every third of ``CLAIM_SECONDS``, extend the claim of every batch whose sink call is in flight.
+        """Every third of ``retain_claim_seconds``, extend the claim of every batch whose sink call is in flight.
 
         A claim that could not be extended (this process was paused past it, or
         a clear dropped the batch) cancels its call: the batch is no longer ours to send.
         """
+        claim_seconds = self._config.retain_claim_seconds
         while True:
-            await anyio.sleep(CLAIM_SECONDS / 3)
+            await anyio.sleep(claim_seconds / 3)
             for call in list(self._calls.values()):
                 try:
-                    kept = await self._store.extend_retain_claim(call.entry_id, call.key, CLAIM_SECONDS)
+                    kept = await self._store.extend_retain_claim(call.entry_id, call.key, claim_seconds)
                 except Exception:
                     log.exception("extending a retain claim failed; the call goes on")
                     continue
