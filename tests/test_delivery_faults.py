@@ -28,6 +28,7 @@ from memengine import Episode, SessionConfig, open_engine
 
 from . import delivery_worker
 from .conftest import StoreRows
+from .test_store_conformance import append, two_processes
 
 pytestmark = pytest.mark.anyio
 
@@ -277,6 +278,27 @@ async def test_a_sink_call_returning_after_the_claim_lapsed_is_not_counted_and_t
     assert (first_seq, second_seq) == (1, 2)
     assert again == (1, first_key)  # the late one was not taken as delivered: sent again, same key
     assert metrics.delivered == 2
+
+
+# -- replicas do not race for a head another one holds ---------------------------------------------
+
+
+async def test_a_head_another_live_process_holds_is_not_due_until_its_claim_lapses(store_url) -> None:
+    async with two_processes(store_url) as (a, b):
+        token, _ = await a.activate("held", 60.0)
+        await append(a, "held", token, 1, Episode("user", "one"))
+        await a.enqueue_retain("held", token, "append")
+        token, _ = await a.activate("free", 60.0)
+        await append(a, "free", token, 1, Episode("user", "two"))
+        await a.enqueue_retain("free", token, "append")
+        held, _ = await a.pending_retains(10)
+        await a.claim_retain(held.id, held.key, 0.5)
+        due = await b.due_retains(10, ignore_backoff=True)
+        assert [batch.session_id for batch in due.batches] == ["free"]  # b leaves a's live claim alone
+        assert due.next_due_in is not None and 0 < due.next_due_in <= 0.5  # and knows when to look again
+        assert [batch.session_id for batch in (await a.due_retains(10)).batches] == ["held", "free"]  # a's own
+        await anyio.sleep(0.6)  # a is gone: its claim lapses
+        assert [batch.session_id for batch in (await b.due_retains(10)).batches] == ["held", "free"]
 
 
 # -- the setting ---------------------------------------------------------------------------------
