@@ -247,6 +247,11 @@ class RetainDelivery:
                         return _CallEnd.CLAIM_LOST
                     return _CallEnd.RETURNED
                 return TimeoutError(f"the sink did not return within retain_timeout ({timeout:g}s); call cancelled")
+            log.warning(
+                "the retain sink call for batch %r was cancelled: this process's claim on it was lost or could "
+                "not be kept; whoever claims it next sends it again with the same key",
+                entry.key,
+            )
             return _CallEnd.CLAIM_LOST
         except Exception as exc:
             return _own_error(exc)
