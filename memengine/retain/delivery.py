@@ -32,10 +32,12 @@ only until a local deadline, measured on its own clock from *before* the
 claim (or the last extension that went through) was asked for, less a
 margin: a process cut off from the store (extensions failing or hanging)
 cancels its sink call at that deadline, before another process can claim the
-batch, so the sink never gets a late copy after the batches sent meanwhile.
-A call cancelled so, or one that returns after the deadline, is not counted
-or recorded as delivered; whoever claims the batch next sends it again, with
-the same key.
+batch, so a sink that honours cancellation gets no late copy after the
+batches sent meanwhile. A call cancelled so, or one that returns after the
+deadline, is not counted or recorded as delivered; whoever claims the batch
+next sends it again, with the same key (what a process paused mid-request
+has already put on the wire can still land late: the key lets the sink
+drop it).
 """
 
 from __future__ import annotations
