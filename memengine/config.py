@@ -82,6 +82,12 @@ class SessionConfig:
     bounds one sink call (it is cancelled then, and the batch is retried), and a
     refused batch waits out its backoff, then ``retain_retry_later``, recorded in
     the store, so every process sharing it waits too; other sessions go on meanwhile.
+    ``retain_claim_seconds`` is how long a process's claim on a batch lasts
+    while it is alive but cut off from the store (the claim is extended every
+    third of it while the sink call runs; a call whose claim could not be kept
+    is cancelled before the claim lapses, and the batch counts as not
+    delivered); a dead process's batch is sent by another process once its
+    claim lapses, so this is also how long such a batch waits.
     ``max_content_chars`` and ``max_metadata_bytes`` (metadata as UTF-8 JSON)
     bound what one episode may hold: ``add`` refuses a larger one with
     ``ValueError`` and stores nothing of that call.
@@ -120,6 +126,7 @@ class SessionConfig:
     retain_backoff_max: float = attrs.field(default=30.0, validator=_positive_seconds)
     retain_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
     retain_timeout: float = attrs.field(default=60.0, validator=_positive_seconds)
+    retain_claim_seconds: float = attrs.field(default=60.0, validator=_positive_seconds)
     lease_ttl: float = attrs.field(default=10.0, validator=_positive_seconds)
     lease_wait: float = attrs.field(default=12.0, validator=_non_negative_seconds)
     mailbox_capacity: int = attrs.field(default=1000, validator=_positive_int)

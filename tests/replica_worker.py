@@ -9,7 +9,27 @@ with short leases, and prints JSON lines on stdout:
 - in ``hammer`` mode, for SECONDS: random adds and reads over 50 shared
   sessions, each acknowledged add and each context read as it was returned;
 - in ``serve`` mode: one JSON command per stdin line (``add``, ``context``,
-  ``active``, ``exit``), answered with one line each.
+  ``active``, ``recall``, ``exit``), answered with one line each; and
+  ``heartbeat`` (answered ``heartbeat_started``): from then on, adds to the
+  given sessions every ``interval`` seconds, each printed as ``beat`` (or
+  ``beat_error``) with its latency; ``freeze`` (see below).
+
+Fault knobs (environment):
+
+- ``MEMENGINE_TEST_RETAIN=1``: a retain sink (batches every
+  ``MEMENGINE_TEST_RETAIN_EVERY`` episodes, default 5) that prints every
+  batch it is handed (``{"op": "retained", ...}``) before returning;
+- ``MEMENGINE_TEST_FREEZE_IN_TRANSACTION=1``: the ``freeze`` command arms a
+  trap on a session: the next write of that session checks its lease
+  (``SELECT ... FOR SHARE`` on the session's lease row, inside the commit's
+  open transaction, on the engine's own connection) and then the whole
+  process stops itself with SIGSTOP, holding the transaction and the row lock
+  until the test sends SIGCONT (or kills it); with ``"at": "renewal"``, the
+  next lease renewal that extends the session's lease does the same;
+- in ``hammer`` mode, ``MEMENGINE_TEST_HAMMER_SESSIONS`` (default 50) shared
+  sessions; any engine error of a call is printed (``refused``, or ``doubt``
+  with the episode id when the add may or may not be stored) instead of
+  ending the process.
 
 The summarizer is :func:`fakes.fold` (a summary lists what it covers), slowed
 by ``MEMENGINE_TEST_SUMMARY_DELAY`` seconds and tagged with NAME, so a summary
@@ -24,18 +44,31 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
-from memengine import Episode, LeaseLostError, MemEngineError, SessionBusyError, SessionConfig, open_engine
+from memengine import (
+    Episode,
+    LeaseLostError,
+    MemEngineError,
+    RetainBatch,
+    SessionBusyError,
+    SessionConfig,
+    StoreError,
+    UncertainCommitError,
+    open_engine,
+)
+from memengine.store import leases as lease_sql
 
 from .fakes import fold
 
-SESSIONS = [f"shared-{n:02d}" for n in range(50)]
+SESSIONS = [f"shared-{n:02d}" for n in range(int(os.environ.get("MEMENGINE_TEST_HAMMER_SESSIONS", "50")))]
 CONFIG = SessionConfig(
     evict_to=1.0,
     max_episodes=4,
@@ -45,6 +78,7 @@ CONFIG = SessionConfig(
     lease_wait=float(os.environ.get("MEMENGINE_TEST_LEASE_WAIT", "5.0")),
     summarize_backoff=0.01,
     summarize_retry_later=0.1,
+    retain_every=int(os.environ.get("MEMENGINE_TEST_RETAIN_EVERY", "5")),
 )
 
 
@@ -77,6 +111,75 @@ class TaggedFold:
         summary = f"{fold(untagged(previous), episodes)}{TAG}{self.name}"
         emit(op="summarized", by=self.name, through=episodes[-1].seq, summary=summary)
         return summary
+
+
+class PrintingSink:
+    """A retain sink that prints every batch it is handed, then accepts it."""
+
+    async def retain(self, batch: RetainBatch) -> None:
+        emit(
+            op="retained",
+            session=batch.session_id,
+            first_seq=batch.first_seq,
+            last_seq=batch.last_seq,
+            key=batch.key,
+            episodes=[[e.seq, e.id] for e in batch.episodes],
+            at=time.time(),
+        )
+
+
+class FreezeTrap:
+    """Stops the whole process (SIGSTOP) inside a transaction that holds a session's lease row lock.
+
+    ``at="write"``: in a write of the session, after its lease check, which
+    locks the session's lease row (``FOR SHARE`` on PostgreSQL).
+    ``at="renewal"``: in a lease renewal that extended the session's lease
+    (the ``UPDATE`` locks the row of every lease it renews).
+    Either way on the engine's own connection, in the commit's open
+    transaction: the stopped process holds the locks until it is continued
+    or killed, as a replica frozen by the OS, a VM pause or a GC would.
+    """
+
+    def __init__(self) -> None:
+        self.session: str | None = None
+        self.at = "write"
+        self.lock = threading.Lock()
+        require, all_held, renew = lease_sql.require, lease_sql.all_held, lease_sql.renew
+
+        def trapped_require(db: Any, session_id: str, token: int) -> None:
+            require(db, session_id, token)
+            self.spring("write", [session_id])
+
+        def trapped_all_held(db: Any, held: Sequence[tuple[str, int]]) -> bool:
+            result = all_held(db, held)
+            if result:
+                self.spring("write", [session_id for session_id, _ in held])
+            return result
+
+        def trapped_renew(db: Any, owner: str, leases: Any, ttl: float) -> set[str]:
+            renewed = renew(db, owner, leases, ttl)
+            self.spring("renewal", sorted(renewed))
+            return renewed
+
+        lease_sql.require, lease_sql.all_held, lease_sql.renew = trapped_require, trapped_all_held, trapped_renew
+
+    def arm(self, session_id: str, at: str) -> None:
+        with self.lock:
+            self.session, self.at = session_id, at
+
+    def spring(self, at: str, sessions: Sequence[str]) -> None:
+        with self.lock:
+            if self.session is None or self.session not in sessions or self.at != at:
+                return
+            self.session = None
+        emit(op="freezing", session=sessions, at=time.time())
+        # Directed at this thread (the store's, inside the open transaction), so this very thread stops
+        # before it returns: sent to the process, another thread might take it while this one commits.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        emit(op="thawed", at=time.time())
+
+
+TRAP = FreezeTrap() if os.environ.get("MEMENGINE_TEST_FREEZE_IN_TRANSACTION") == "1" else None
 
 
 def log_leases(store: Any) -> None:
@@ -137,12 +240,27 @@ async def hammer(engine: Any, name: str, seconds: float) -> None:
                 if rng.random() < 0.7:
                     count += 1
                     episode = Episode("user", f"{name} {count}")
-                    (stored,) = await handle.add([episode])
-                    emit(op="ack", session=session_id, id=stored.id, seq=stored.seq, content=stored.content)
+                    emit(op="try", session=session_id, id=episode.id)  # may be stored if this process is killed now
+                    try:
+                        (stored,) = await handle.add([episode])
+                    except (UncertainCommitError, StoreError) as exc:
+                        # Maybe stored, maybe not (a StoreError after a lost connection is no better).
+                        emit(op="doubt", session=session_id, id=episode.id, error=type(exc).__name__, message=str(exc))
+                        raise
+                    emit(
+                        op="ack",
+                        session=session_id,
+                        id=stored.id,
+                        seq=stored.seq,
+                        content=stored.content,
+                        at=time.time(),
+                    )
                 else:
                     context = await handle.context()
                     emit(op="read", **context_record(session_id, context))
             except (SessionBusyError, LeaseLostError) as exc:
+                emit(op="refused", session=session_id, error=type(exc).__name__, message=str(exc))
+            except MemEngineError as exc:
                 emit(op="refused", session=session_id, error=type(exc).__name__, message=str(exc))
             await anyio.sleep(rng.random() * 0.01)
 
@@ -151,9 +269,40 @@ async def hammer(engine: Any, name: str, seconds: float) -> None:
             clients.start_soon(one_client, client)
 
 
-async def serve(engine: Any) -> None:
+async def heartbeat(engine: Any, sessions: Sequence[str], interval: float) -> None:
+    """Adds to ``sessions`` in turn every ``interval`` seconds, each printed with its latency."""
+    beat = 0
     while True:
-        line = await anyio.to_thread.run_sync(sys.stdin.readline)
+        session_id = sessions[beat % len(sessions)]
+        beat += 1
+        episode = Episode("user", f"beat {beat}")
+        started, at = time.monotonic(), time.time()
+        try:
+            (stored,) = await engine.session(session_id).add([episode])
+        except MemEngineError as exc:
+            emit(
+                op="beat_error",
+                session=session_id,
+                id=episode.id,
+                at=at,
+                latency=time.monotonic() - started,
+                error=type(exc).__name__,
+                message=str(exc),
+            )
+        else:
+            emit(op="beat", session=session_id, id=stored.id, seq=stored.seq, at=at, latency=time.monotonic() - started)
+        await anyio.sleep(interval)
+
+
+async def serve(engine: Any) -> None:
+    async with anyio.create_task_group() as background:
+        await serve_commands(engine, background)
+        background.cancel_scope.cancel()
+
+
+async def serve_commands(engine: Any, background: Any) -> None:
+    while True:
+        line = await anyio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
         if not line:
             return
         command = json.loads(line)
@@ -163,20 +312,51 @@ async def serve(engine: Any) -> None:
         if op == "active":
             emit(op="active", session=command["session"], active=engine.is_active(command["session"]))
             continue
-        handle = engine.session(command["session"])
-        try:
-            if op == "add":
-                stored = await handle.add([Episode("user", text) for text in command["contents"]])
-                emit(op="ack", session=command["session"], seqs=[e.seq for e in stored])
-            elif op == "context":
-                context = await handle.context(wait_for_summary=command.get("wait", False))
-                emit(op="context", **context_record(command["session"], context))
-        except MemEngineError as exc:
-            emit(op="error", error=type(exc).__name__, message=str(exc))
+        if op == "heartbeat":
+            background.start_soon(heartbeat, engine, command["sessions"], command.get("interval", 0.05))
+            emit(op="heartbeat_started")
+            continue
+        if op == "freeze":
+            assert TRAP is not None, "set MEMENGINE_TEST_FREEZE_IN_TRANSACTION=1"
+            TRAP.arm(command["session"], command.get("at", "write"))
+            emit(op="armed", session=command["session"])
+            continue
+        if op == "recall":
+            try:
+                hits = await engine.recall(command["query"], session_id=command.get("session"))
+            except MemEngineError as exc:
+                emit(op="error", error=type(exc).__name__, message=str(exc))
+            else:
+                emit(op="recalled", hits=[[h.session_id, h.episode.seq, h.episode.content] for h in hits])
+            continue
+        # Each call runs on its own, so a call stuck on one session does not hold up the others.
+        background.start_soon(one_call, engine, command)
+
+
+async def one_call(engine: Any, command: dict[str, Any]) -> None:
+    op = command["op"]
+    handle = engine.session(command["session"])
+    started = time.monotonic()
+    try:
+        if op == "add":
+            stored = await handle.add([Episode("user", text) for text in command["contents"]])
+            emit(op="ack", session=command["session"], seqs=[e.seq for e in stored], latency=time.monotonic() - started)
+        elif op == "context":
+            context = await handle.context(wait_for_summary=command.get("wait", False))
+            emit(op="context", **context_record(command["session"], context))
+    except MemEngineError as exc:
+        emit(
+            op="error",
+            session=command["session"],
+            error=type(exc).__name__,
+            message=str(exc),
+            latency=time.monotonic() - started,
+        )
 
 
 async def main(store: str, name: str, mode: str, seconds: float) -> None:
-    async with open_engine(store, summarizer=TaggedFold(name), config=CONFIG, owner=name) as engine:
+    sink = PrintingSink() if os.environ.get("MEMENGINE_TEST_RETAIN") == "1" else None
+    async with open_engine(store, summarizer=TaggedFold(name), config=CONFIG, owner=name, retain_sink=sink) as engine:
         log_leases(engine.store)
         emit(op="ready", name=name)
         if mode == "hammer":

@@ -8,6 +8,7 @@ rows the store holds.
 from __future__ import annotations
 
 import anyio
+import attrs
 import pytest
 
 from memengine import Episode, LeaseLostError, SessionBusyError, SessionConfig, open_engine
@@ -124,10 +125,7 @@ async def test_a_session_whose_lease_was_taken_refuses_the_write_and_reloads_for
     ]
 
 
-async def test_a_batch_stays_claimed_while_a_slow_sink_call_outlasts_the_claim(store_url, monkeypatch) -> None:
-    from memengine.retain import delivery
-
-    monkeypatch.setattr(delivery, "CLAIM_SECONDS", 0.6)
+async def test_a_batch_stays_claimed_while_a_slow_sink_call_outlasts_the_claim(store_url) -> None:
     entered, release = anyio.Event(), anyio.Event()
 
     class SlowSink:
@@ -143,7 +141,7 @@ async def test_a_batch_stays_claimed_while_a_slow_sink_call_outlasts_the_claim(s
 
     sink = SlowSink()
     async with (
-        open_engine(store_url, retain_sink=sink, config=SMALL) as engine,
+        open_engine(store_url, retain_sink=sink, config=attrs.evolve(SMALL, retain_claim_seconds=0.6)) as engine,
         open_store(store_url, owner="other process") as other,
     ):
         await engine.session("s").add(turns(4))  # one full batch

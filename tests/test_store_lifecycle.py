@@ -62,16 +62,16 @@ async def test_a_close_that_leaves_a_stuck_thread_behind_never_closes_the_connec
     monkeypatch.setattr(committer, "_INTERRUPT_WAIT", 0.1)
     async with open_store(store_url, owner="a") as store:
         token, _ = await store.activate("s", TTL)
-        stuck = Stalling(store._conn, "UPDATE session_leases")  # the renewal below, deaf to interrupts
+        stuck = Stalling(store._conn, "UPDATE session_leases")  # the release below, deaf to interrupts
         store._conn = stuck
 
-        async def renew() -> None:
+        async def release() -> None:
             with pytest.raises(UncertainCommitError):  # left behind mid-transaction: its caller cannot know
-                await store.renew_leases([("s", token)], TTL)
+                await store.release_lease("s", token)
 
         with anyio.fail_after(GUARD):
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(renew)
+                tasks.start_soon(release)
                 await anyio.to_thread.run_sync(stuck.stalled.wait, GUARD)
                 assert await store.aclose(0.1) is False  # gave up on the thread
                 assert await store.aclose() is False  # and says so again: the thread may still be running

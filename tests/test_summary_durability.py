@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import anyio
+
 import pytest
 
 from memengine import SessionConfig, SummaryError, open_engine
@@ -53,16 +55,35 @@ async def test_failures_are_retried_then_stored_once(db_path, stored, config, ca
     assert len(retries) == 2 and "model unavailable" in retries[0].getMessage()
 
 
+class GatedFailingSummarizer(FailingSummarizer):
+    """Fails like FailingSummarizer, but not before ``gate`` is set."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(failures)
+        self.gate = anyio.Event()
+
+    async def summarize(self, previous, episodes):
+        await self.gate.wait()
+        return await super().summarize(previous, episodes)
+
+
 async def test_after_the_last_attempt_the_batch_stays_pending_and_is_retried_later(
     db_path, stored, config, caplog
 ) -> None:
-    summarizer = FailingSummarizer(failures=config.summarize_attempts + 1)
+    summarizer = GatedFailingSummarizer(failures=config.summarize_attempts + 1)
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         await add_each(session, turns(4))
         await add_each(session, turns(2, start=5))  # two more evictions while the first batch fails
-        with pytest.raises(SummaryError, match="failed after 3 attempts"):  # told, not kept waiting
-            await session.context(wait_for_summary=True)
+
+        async def waiting_read() -> None:
+            with pytest.raises(SummaryError, match="failed after 3 attempts"):  # told, not kept waiting
+                await session.context(wait_for_summary=True)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(waiting_read)
+            await anyio.wait_all_tasks_blocked()  # the read waits: only now may the attempts fail
+            summarizer.gate.set()
         context = await context_once_summarized(session)
     # Attempts 1-3 failed; the 4th call (the retry, later) failed too; the 5th covered everything.
     assert len(summarizer.calls) == 5

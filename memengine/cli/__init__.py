@@ -1,4 +1,4 @@
-"""The ``memengine`` command line: ``memengine demo``, ``inspect``, ``replay`` and ``reindex``.
+"""The ``memengine`` command line: ``memengine demo``, ``inspect``, ``replay``, ``reindex`` and ``migrate``.
 
 Each subcommand lives in its own module, which adds its parser and the
 function that runs it; this module only builds the top-level parser and
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from . import demo, inspect, reindex, replay
+from . import demo, inspect, migrate, reindex, replay
 
 __all__ = ["build_parser", "main"]
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_parser(subcommands)
     replay.add_parser(subcommands)
     reindex.add_parser(subcommands)
+    migrate.add_parser(subcommands)
     return parser
 
 

@@ -25,8 +25,19 @@ batches waiting for their retry time are tried at once.
 
 Where several processes share the store, each runs a delivery actor: a batch
 is sent only under a claim (see store/outbox.py), which only the oldest batch
-of a session can get; the claim is extended while the call lasts, and a dead
-process's claim lapses after ``CLAIM_SECONDS``.
+of a session can get; the claim is extended every third of
+``retain_claim_seconds`` while the call lasts, and a dead process's claim
+lapses after ``retain_claim_seconds``. A live process counts on its claim
+only until a local deadline, measured on its own clock from *before* the
+claim (or the last extension that went through) was asked for, less a
+margin: a process cut off from the store (extensions failing or hanging)
+cancels its sink call at that deadline, before another process can claim the
+batch, so a sink that honours cancellation gets no late copy after the
+batches sent meanwhile. A call cancelled so, or one that returns after the
+deadline, is not counted or recorded as delivered; whoever claims the batch
+next sends it again, with the same key (what a process paused mid-request
+has already put on the wire can still land late: the key lets the sink
+drop it).
 """
 
 from __future__ import annotations
@@ -52,8 +63,9 @@ log = logging.getLogger("memengine.retain")
 _CONCURRENT_SESSIONS = 8
 #: Due batches read from the outbox at once; what falls due meanwhile is read when they are handed out.
 _WINDOW = 256
-#: How long a claim on a batch lasts; it is extended every third of this while a sink call runs.
-CLAIM_SECONDS = 60.0
+#: The part of a claim this process does not count on (clock rates differ; a cancelled sink call takes
+#: a moment to end): its sink call is cancelled this fraction of ``retain_claim_seconds`` early.
+_CLAIM_MARGIN = 0.2
 
 
 def _batch(entry: OutboxEntry) -> RetainBatch:
@@ -96,11 +108,22 @@ class _CallEnd(enum.Enum):
 
 @attrs.define
 class _Call:
-    """A sink call in flight: the claim keeper extends its claim, and cancels it if the claim is lost."""
+    """A sink call in flight: the claim keeper extends its claim, and cancels it if the claim is lost.
+
+    ``valid_until`` (anyio's clock) is when the claim may lapse in the store, less the margin; the
+    call's ``scope`` is cancelled then, unless an extension moves it.
+    """
 
     entry_id: int
     key: str
+    valid_until: float
     scope: anyio.CancelScope
+    extending: bool = False
+
+    def prolong(self, valid_until: float) -> None:
+        if valid_until > self.valid_until:
+            self.valid_until = valid_until
+            self.scope.deadline = valid_until
 
 
 class RetainDelivery:
@@ -169,17 +192,22 @@ class RetainDelivery:
         config = self._config
         if self._stopped:
             return None  # leaving: a claim taken now would outlive the release of this process's claims
+        asked_at = anyio.current_time()  # before the request: the claim runs from some time after this
         try:
             # Claim, and so read, the batch right before the call: a clear or delete since it
             # was found may have revised or dropped it, and a deleted episode must not be
             # handed on after the delete returned.
-            entry = await self._store.claim_retain(due.id, due.key, CLAIM_SECONDS)
+            entry = await self._store.claim_retain(due.id, due.key, config.retain_claim_seconds)
         except Exception:
             log.exception("claiming a retain batch failed; it is tried again later")
             return config.retain_backoff
         if isinstance(entry, str):
             return None  # gone (delivered, cleared, deleted), or another process holds it
-        outcome = await self._call_sink(entry)
+        valid_until = self._claim_valid_until(asked_at)
+        if anyio.current_time() >= valid_until:
+            log.warning("a retain claim came back too late to be counted on; the batch is tried again later")
+            return config.retain_backoff
+        outcome = await self._call_sink(entry, valid_until)
         if outcome is _CallEnd.CLAIM_LOST:
             return None
         if outcome is _CallEnd.RETURNED:
@@ -189,22 +217,43 @@ class RetainDelivery:
             return None if recorded else config.retain_backoff
         return await self._failed(entry, outcome)
 
-    async def _call_sink(self, entry: OutboxEntry) -> _CallEnd | Exception:
+    def _claim_valid_until(self, asked_at: float) -> float:
+        """Until when a claim asked for (or extended) at ``asked_at`` is counted on."""
+        return asked_at + self._config.retain_claim_seconds * (1 - _CLAIM_MARGIN)
+
+    async def _call_sink(self, entry: OutboxEntry, valid_until: float) -> _CallEnd | Exception:
         """Hand the batch to the sink, for at most ``retain_timeout``, while its claim is kept.
+
+        The call is cancelled when its claim can no longer be counted on
+        (``valid_until``, moved by each extension that went through), and a
+        return after that counts as a lost claim too: the batch may be
+        another process's by then.
 
         The sink runs in this task, not under a task group here, so its error
         comes out as it was raised (a task group wraps it in a group, and a
         cancellation arriving meanwhile would join that group).
         """
         timeout = self._config.retain_timeout
-        call = _Call(entry.id, entry.key, anyio.CancelScope())
+        call = _Call(entry.id, entry.key, valid_until, anyio.CancelScope(deadline=valid_until))
         self._calls[entry.id] = call
         try:
             with call.scope:
                 with anyio.move_on_after(timeout):
                     await self._sink.retain(_batch(entry))
+                    if anyio.current_time() >= call.valid_until:
+                        log.warning(
+                            "the retain sink returned batch %r after this process's claim on it could have lapsed; "
+                            "it is not counted as delivered, and is sent again with the same key",
+                            entry.key,
+                        )
+                        return _CallEnd.CLAIM_LOST
                     return _CallEnd.RETURNED
                 return TimeoutError(f"the sink did not return within retain_timeout ({timeout:g}s); call cancelled")
+            log.warning(
+                "the retain sink call for batch %r was cancelled: this process's claim on it was lost or could "
+                "not be kept; whoever claims it next sends it again with the same key",
+                entry.key,
+            )
             return _CallEnd.CLAIM_LOST
         except Exception as exc:
             return _own_error(exc)
@@ -248,21 +297,48 @@ class RetainDelivery:
         return retry_in
 
     async def _keep_claims(self) -> None:
-        """Every third of ``CLAIM_SECONDS``, extend the claim of every batch whose sink call is in flight.
+        """Every third of ``retain_claim_seconds``, extend the claim of every batch whose sink call is in flight.
 
-        A claim that could not be extended (this process was paused past it, or
-        a clear dropped the batch) cancels its call: the batch is no longer ours to send.
+        Each call's claim is extended on its own, so one hanging extension holds up no other.
         """
-        while True:
-            await anyio.sleep(CLAIM_SECONDS / 3)
-            for call in list(self._calls.values()):
+        async with anyio.create_task_group() as extensions:
+            while True:
+                await anyio.sleep(self._config.retain_claim_seconds / 3)
+                for call in list(self._calls.values()):
+                    if not call.extending:
+                        call.extending = True
+                        extensions.start_soon(self._extend_claim, call)
+
+    async def _extend_claim(self, call: _Call) -> None:
+        """Extend the call's claim, for at most what is left of its validity.
+
+        A claim the store refuses to extend (this process was paused past it,
+        or a clear dropped the batch) cancels its call: the batch is no longer
+        ours to send. An extension that fails or does not finish in time
+        leaves the validity where it was: the call goes on until then, and is
+        cancelled then unless a later extension goes through.
+        """
+        claim_seconds = self._config.retain_claim_seconds
+        asked_at = anyio.current_time()  # before the request: the extension runs from some time after this
+        try:
+            with anyio.move_on_after(call.valid_until - asked_at):
                 try:
-                    kept = await self._store.extend_retain_claim(call.entry_id, call.key, CLAIM_SECONDS)
-                except Exception:
-                    log.exception("extending a retain claim failed; the call goes on")
-                    continue
+                    kept = await self._store.extend_retain_claim(call.entry_id, call.key, claim_seconds)
+                except Exception as exc:
+                    log.warning(
+                        "extending a retain claim failed (%r); the sink call is cancelled when the claim "
+                        "could lapse, unless a later extension goes through",
+                        exc,
+                    )
+                    return
                 if not kept:
                     call.scope.cancel()
+                elif self._calls.get(call.entry_id) is call:
+                    call.prolong(self._claim_valid_until(asked_at))
+                return
+            log.warning("extending a retain claim did not finish before the claim could lapse; the call is cancelled")
+        finally:
+            call.extending = False
 
     @staticmethod
     async def _record(operation: Awaitable[None]) -> bool:

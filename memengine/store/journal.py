@@ -203,16 +203,21 @@ def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
 def sessions_needing_summary(
     db: Db, owner: str, max_episodes: int, max_chars: int, orphaned_only: bool = False
 ) -> list[str]:
-    """Sessions (not owned by another live process) whose unsummarized episodes overflow the window."""
+    """Sessions (not owned by another live process) with episodes evicted but not summarized.
+
+    Evicted: up to the stored boundary, or overflowing the window's episode and
+    character bounds (a token bound is the activated session's to apply).
+    """
     condition, params = leases.unowned(owner, orphaned_only)
     rows = db.execute(
         "WITH latest AS ("
-        "  SELECT s.session_id, coalesce("
+        "  SELECT s.session_id, s.evicted_through, coalesce("
         "    (SELECT max(through_seq) FROM summaries AS m WHERE m.session_id = s.session_id), 0) AS through"
         f"  FROM sessions AS s WHERE {condition}) "
         "SELECT latest.session_id FROM latest "
         "JOIN episodes AS e ON e.session_id = latest.session_id AND e.seq > latest.through "
-        "GROUP BY latest.session_id HAVING count(*) > ? OR sum(length(e.content)) > ? "
+        "GROUP BY latest.session_id "
+        "HAVING count(*) > ? OR sum(length(e.content)) > ? OR max(latest.evicted_through) > max(latest.through) "
         "ORDER BY latest.session_id",
         (*params, max_episodes, max_chars),
     ).fetchall()

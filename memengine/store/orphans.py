@@ -47,7 +47,9 @@ def release_handled(
             f"WHERE l.session_id IN ({marks}) AND l.owner IS NOT NULL AND l.expires_at <= {{now}} {untold}"
             "AND NOT (SELECT count(*) > ? OR coalesce(sum(length(e.content)), 0) > ? FROM episodes AS e "
             "  WHERE e.session_id = l.session_id AND e.seq > coalesce("
-            "    (SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0))",
+            "    (SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0)) "
+            "AND NOT EXISTS (SELECT 1 FROM sessions AS s WHERE s.session_id = l.session_id AND s.evicted_through > "
+            "  coalesce((SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0))",
             (*chunk, max_episodes, max_chars),
         )
         released += max(cursor.rowcount, 0)

@@ -26,8 +26,9 @@ from . import journal, postgres_recall
 from .base import Recalled
 from .committer import GroupCommitStore
 from .dialect import Db, postgres_dialect
+from .postgres_connection import connect, pinned_to_tables, shown
 from .postgres_renewals import RenewalConnection
-from .postgres_schema import migrate
+from .postgres_schema import prepare_schema
 
 try:
     import psycopg
@@ -52,15 +53,16 @@ class PostgresStore(GroupCommitStore):
         self._url = url
         self._renewals = RenewalConnection(self._new_connection, self._dialect)
 
-    def _new_connection(self) -> psycopg.Connection[Any]:
-        return _connect(self._url)
-
     async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
         # On a connection of their own: never behind queued writes, nor a write waiting for a lock.
         return await self._renewals.renew(self.owner, held, ttl)
 
     def _begin_read(self, db: Db) -> None:
         db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")  # one snapshot for the whole read
+
+    def _new_connection(self) -> psycopg.Connection[Any]:
+        """A new connection as every one of the store's must be: pinned to its schema, with its settings."""
+        return _connect(self._url)
 
     def _reader_connection(self) -> Any:
         if self._reader.closed or self._reader.broken:
@@ -119,22 +121,31 @@ def _cancel(conn: psycopg.Connection[Any]) -> None:
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=True)
+    """A new autocommit connection, with the timeouts and settings of postgres_connection.py."""
+    return connect(url)  # type: ignore[no-any-return]
 
 
 @asynccontextmanager
 async def open_postgres_store(url: str, *, owner: str | None = None) -> AsyncIterator[PostgresStore]:
-    """Connect to PostgreSQL at ``url`` (creating and migrating the schema if needed) for the block's duration.
+    """Connect to PostgreSQL at ``url`` (creating or migrating the schema if it is behind) for the block's duration.
 
-    Tables go in the connection's ``search_path`` schema (``?options=-csearch_path%3Dmyschema``
-    in the URL picks another). On exit, operations already submitted are committed.
+    The tables are looked for once, here: in the first schema of the
+    connection's ``search_path`` that holds them, else created in its
+    ``current_schema()`` (``?options=-csearch_path%3Dmyschema`` in the URL
+    picks one); every connection of the store is then pinned to that schema.
+    A current schema is only read, so a role with data rights alone can open
+    the store; one that is behind is migrated if the role may, else
+    :class:`~memengine.errors.StoreError` says to run ``memengine migrate``.
+    Connections get bounded waits (see postgres_connection.py), which the URL
+    can override. On exit, operations already submitted are committed.
     """
-    conn = await anyio.to_thread.run_sync(_connect, url)
-    store = PostgresStore(conn, url, owner)
+    pinned_url = await anyio.to_thread.run_sync(pinned_to_tables, url)
+    conn = await anyio.to_thread.run_sync(_connect, pinned_url)
+    store = PostgresStore(conn, pinned_url, owner)
 
     def prepare() -> None:
-        migrate(conn)
-        store._reader = _connect(url)  # reads go on their own connection
+        prepare_schema(conn, shown(url))
+        store._reader = store._new_connection()  # reads go on their own connection
 
     try:
         async with store.serving(prepare):

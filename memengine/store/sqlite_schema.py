@@ -3,8 +3,10 @@
 Migrations only add. They run once, when the engine opens the store, inside
 one transaction that holds SQLite's write lock, so processes opening a new
 file at once migrate it once; ``PRAGMA user_version`` records how far a
-database has come.
-A database newer than this code is refused rather than guessed at.
+database has come, and the table ``memengine_schema`` the lowest code
+version that may run against it (as ``compatible_back``, how many versions
+older that code may be; see schema_window.py). A database newer than this code is refused, unless its
+window reaches back to this code.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 
 import sqlite_utils
 
-from ..errors import StoreError
+from .schema_window import check_newer, compatible_from
 
 # Full-text recall over the journal (see store/sqlite_recall.py, which also
 # recreates these when it rebuilds a damaged index). Rows are indexed in
@@ -147,23 +149,51 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _add_eviction_boundaries,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+#: For each migration, whether code from before it keeps working against the schema it leaves
+#: (see schema_window.py). The first five add what older code would ignore and get wrong; the eviction
+#: boundary is only a hint that older code leaves at its default (the window's rules apply again on load).
+ADDITIVE: list[bool] = [False, False, False, False, False, True]
+
+_SCHEMA_TABLE = (
+    "CREATE TABLE IF NOT EXISTS memengine_schema"
+    " (id INTEGER PRIMARY KEY CHECK (id = 1), compatible_back INTEGER NOT NULL)"
+)
 
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Bring the database up to :data:`SCHEMA_VERSION`, in one transaction."""
+def migrate(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Bring the database up to :data:`SCHEMA_VERSION`, in one transaction; return the version before and after.
+
+    A newer database is left as it is (and refused unless its window reaches this code).
+    """
+    lowest = compatible_from(ADDITIVE, SCHEMA_VERSION)
     conn.execute("BEGIN IMMEDIATE")
     try:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"database schema version {version} is newer than this memengine understands "
-                f"({SCHEMA_VERSION}); upgrade memengine"
+            check_newer(version, _compatible_from(conn, version), SCHEMA_VERSION)
+            conn.execute("COMMIT")
+            return version, version
+        if version < SCHEMA_VERSION or _compatible_from(conn, version) != lowest:
+            db = sqlite_utils.Database(conn)
+            for migration in MIGRATIONS[version:]:
+                migration(db)
+            conn.execute(_SCHEMA_TABLE)
+            conn.execute(
+                "INSERT INTO memengine_schema (id, compatible_back) VALUES (1, ?) "
+                "ON CONFLICT (id) DO UPDATE SET compatible_back = excluded.compatible_back",
+                (SCHEMA_VERSION - lowest,),
             )
-        db = sqlite_utils.Database(conn)
-        for migration in MIGRATIONS[version:]:
-            migration(db)
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+    return version, SCHEMA_VERSION
+
+
+def _compatible_from(conn: sqlite3.Connection, version: int) -> int | None:
+    exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memengine_schema'").fetchone()
+    if exists is None:
+        return None
+    row = conn.execute("SELECT compatible_back FROM memengine_schema WHERE id = 1").fetchone()
+    return None if row is None else version - int(row[0])
