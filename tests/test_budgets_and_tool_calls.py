@@ -147,11 +147,16 @@ async def test_summarizer_input_is_bounded_and_large_episodes_are_cut_for_it_onl
     assert rows.query("SELECT content FROM episodes WHERE seq = 4") == [(huge,)]  # stored whole
 
 
-async def test_a_scraped_page_fits_by_default(db_path) -> None:
-    page = "word " * 40_000  # 200,000 characters
-    async with open_engine(db_path) as engine:
+async def test_a_scraped_page_fits_by_default_and_is_found(store_url, rows) -> None:
+    # 1,500,000 characters of distinct words: past what one PostgreSQL tsvector holds (1 MB).
+    words_of_page = [f"w{n:06d}x" for n in range(166_000)]
+    page = "start " + " ".join(words_of_page)
+    async with open_engine(store_url, config=SessionConfig(max_chars=10**8)) as engine:
         (stored,) = await engine.session("s").add([Episode("tool", page)])
-    assert stored.seq == 1
+        found = await engine.recall("w000123x", session_id="s")
+    assert stored.seq == 1 and len(page) > 1_400_000
+    assert [hit.episode.seq for hit in found] == [1]
+    assert rows.query("SELECT length(content) FROM episodes") == [(len(page),)]
 
 
 async def test_a_tokenizer_that_cannot_count_is_refused_at_open(db_path) -> None:

@@ -629,7 +629,7 @@ def test_add_refuses_anything_but_an_iterable_of_episodes(backend: str, store_ur
 
 @pytest.mark.anyio
 async def test_default_limits_are_exact_at_the_boundary(store_url: str, rows: StoreRows) -> None:
-    limits = SessionConfig(evict_to=1.0, max_chars=10**6)  # default size limits; a window that keeps everything raw
+    limits = SessionConfig(evict_to=1.0, max_chars=10**8)  # default size limits; a window that keeps everything raw
     at_limit = Episode("user", "\U0001f9e0" * limits.max_content_chars)  # characters, not bytes
     # {"k": "..."} is 9 bytes of JSON around the value; "é" is 2 bytes of UTF-8.
     metadata_at_limit = Episode("user", "m", metadata={"k": "é" * ((limits.max_metadata_bytes - 9) // 2) + "v"})
@@ -637,7 +637,7 @@ async def test_default_limits_are_exact_at_the_boundary(store_url: str, rows: St
         session = engine.session("limits")
         returned = await session.add([at_limit, metadata_at_limit])
         assert [fingerprint(e) for e in returned] == [fingerprint(at_limit), fingerprint(metadata_at_limit)]
-        with pytest.raises(ValueError, match="max_content_chars=100000"):
+        with pytest.raises(ValueError, match="max_content_chars=4000000"):
             await session.add([Episode("user", "fits"), Episode("user", "x" * (limits.max_content_chars + 1))])
         with pytest.raises(ValueError, match="max_metadata_bytes=16384"):
             await session.add([Episode("user", "m", metadata={"k": "é" * ((limits.max_metadata_bytes - 8) // 2)})])

@@ -62,7 +62,7 @@ async def test_every_acknowledged_add_survives_a_shutdown_in_the_middle(db_path,
             for n in range(20):
                 writers.start_soon(writer, engine, f"w{n}")
             while sum(map(len, acknowledged.values())) < 300:
-                await anyio.lowlevel.checkpoint()
+                await anyio.sleep(0.005)  # (a busy loop of checkpoints here starved the engine on a loaded machine)
         # The engine closed under the writers' feet.
     assert len(refused) == 20
     for name, seqs in acknowledged.items():

@@ -17,18 +17,27 @@ from ..episode import Episode
 from . import unfinished
 from .base import Recalled
 from .dialect import Db
+from .postgres_schema import RECALL_PREFIX_CHARS
 from .recall_query import query_words
+
+# The index covers an episode's first RECALL_PREFIX_CHARS characters (a tsvector holds at most 1 MB):
+# the search uses the same expression, so that the index serves it.
+_PREFIX = str(RECALL_PREFIX_CHARS)
 
 # Any word matches: an OR of one plain query per word (plain queries take user text
 # without syntax). The words travel as one array parameter, however many there are.
 _SEARCH = (
     "SELECT e.session_id, e.seq, e.id, e.role, e.content, e.created_at, e.metadata, "
-    "  ts_rank(to_tsvector('simple', e.content), q.query) AS score "
+    "  ts_rank(to_tsvector('simple', left(e.content, " + _PREFIX + ")), q.query) AS score "
     "FROM episodes AS e, ("
     "  SELECT string_agg('(' || word_query::text || ')', ' | ')::tsquery AS query "
     "  FROM unnest(%s::text[]) AS word, plainto_tsquery('simple', word) AS word_query "
     "  WHERE numnode(word_query) > 0) AS q "
-    "WHERE to_tsvector('simple', e.content) @@ q.query{in_session} AND " + unfinished.VISIBLE + " "
+    "WHERE to_tsvector('simple', left(e.content, "
+    + _PREFIX
+    + ")) @@ q.query{in_session} AND "
+    + unfinished.VISIBLE
+    + " "
     "ORDER BY score DESC, e.session_id, e.seq LIMIT %s"
 )
 

@@ -109,6 +109,15 @@ _EVICTION_BOUNDARIES = (
     "ALTER TABLE sessions ADD COLUMN evicted_through bigint NOT NULL DEFAULT 0",
 )
 
+#: Characters of an episode that PostgreSQL's recall index covers: a tsvector holds at most 1 MB, which
+#: text of short distinct words reaches from about 340,000 characters (3 bytes each, measured).
+RECALL_PREFIX_CHARS = 200_000
+
+_BOUNDED_RECALL_INDEX = (
+    "DROP INDEX episodes_text",
+    f"CREATE INDEX episodes_text ON episodes USING gin (to_tsvector('simple', left(content, {RECALL_PREFIX_CHARS})))",
+)
+
 MIGRATIONS: list[Migration] = [
     # Everything: there is no older code to keep working.
     Migration(_JOURNAL, additive=False, locks="nothing that exists (creates the tables)"),
@@ -125,6 +134,12 @@ MIGRATIONS: list[Migration] = [
         _EVICTION_BOUNDARIES,
         additive=True,
         locks="sessions, ACCESS EXCLUSIVE, briefly (a constant default: no rewrite since PostgreSQL 11)",
+    ),
+    # Older code searches with the whole content: correct, without the index's help.
+    Migration(
+        _BOUNDED_RECALL_INDEX,
+        additive=True,
+        locks="episodes, SHARE while the text index is rebuilt (writes wait; minutes on a large journal)",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
