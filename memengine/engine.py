@@ -25,9 +25,9 @@ from .session.messages import ClientMessage, LeaseLost, Tick
 from .session.retain_flush import RetainPlan
 from .store.base import Recalled, Store
 from .store.open import open_store
-from .tokens import checked
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.protocol import Summarizer
+from .tokens import checked
 
 log = logging.getLogger("memengine")
 

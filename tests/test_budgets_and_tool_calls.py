@@ -160,7 +160,7 @@ async def test_a_scraped_page_fits_by_default_and_is_found(store_url, rows) -> N
 
 
 async def test_a_tokenizer_that_cannot_count_is_refused_at_open(db_path) -> None:
-    with pytest.raises(TypeError, match="SessionConfig.tokenizer"):
+    with pytest.raises(TypeError, match=r"SessionConfig\.tokenizer"):
         async with open_engine(db_path, config=SessionConfig(tokenizer=lambda text: "many")):
             pass
     with pytest.raises(TypeError, match="callable"):

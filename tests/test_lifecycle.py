@@ -47,6 +47,7 @@ async def test_exit_with_a_blocked_summarizer_and_waiters_is_bounded(db_path, st
 async def test_every_acknowledged_add_survives_a_shutdown_in_the_middle(db_path, stored) -> None:
     acknowledged: dict[str, list[int]] = {}
     refused: list[EngineClosedError] = []
+    enough = anyio.Event()
 
     async def writer(engine, name: str) -> None:
         session = engine.session(name)
@@ -54,6 +55,8 @@ async def test_every_acknowledged_add_survives_a_shutdown_in_the_middle(db_path,
             for i in range(1000):
                 (episode,) = await session.add([Episode("user", f"{name} {i}")])
                 acknowledged.setdefault(name, []).append(episode.seq)
+                if sum(map(len, acknowledged.values())) >= 300:
+                    enough.set()
         except EngineClosedError as exc:
             refused.append(exc)
 
@@ -61,8 +64,7 @@ async def test_every_acknowledged_add_survives_a_shutdown_in_the_middle(db_path,
         async with open_engine(db_path, config=SessionConfig(evict_to=1.0, max_episodes=5)) as engine:
             for n in range(20):
                 writers.start_soon(writer, engine, f"w{n}")
-            while sum(map(len, acknowledged.values())) < 300:
-                await anyio.sleep(0.005)  # (a busy loop of checkpoints here starved the engine on a loaded machine)
+            await enough.wait()  # (a busy loop of checkpoints here starved the engine on a loaded machine)
         # The engine closed under the writers' feet.
     assert len(refused) == 20
     for name, seqs in acknowledged.items():

@@ -50,7 +50,7 @@ async def test_the_sweep_releases_what_it_handled_and_finishes_what_is_left(stor
     )
     async with open_engine(store_url, summarizer=RecordingSummarizer(), retain_sink=sink, config=config) as engine:
         with anyio.fail_after(20):
-            while rows.query("SELECT session_id FROM session_leases WHERE owner = 'dead'"):
+            while rows.query("SELECT session_id FROM session_leases WHERE owner = 'dead'"):  # noqa: ASYNC110 (rows)
                 await anyio.sleep(0.05)
         context = await engine.session("long").context()
     # Released only after its work was done: the tails were handed on, the long window summarized.

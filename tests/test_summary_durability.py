@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import anyio
-
 import pytest
 
 from memengine import SessionConfig, SummaryError, open_engine

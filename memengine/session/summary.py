@@ -19,8 +19,8 @@ from __future__ import annotations
 from ..config import SessionConfig
 from ..episode import Episode, stored_episode
 from ..store.base import SessionSnapshot
-from ..tokens import Tokenizer
 from ..summarizer.actor import SummarizeBatch, SummarizerActor
+from ..tokens import Tokenizer
 from .messages import SummaryFailed, SummaryStored
 from .window import RawWindow
 

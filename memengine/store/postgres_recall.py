@@ -26,18 +26,15 @@ _PREFIX = str(RECALL_PREFIX_CHARS)
 
 # Any word matches: an OR of one plain query per word (plain queries take user text
 # without syntax). The words travel as one array parameter, however many there are.
+_TSVECTOR = "to_tsvector('simple', left(e.content, " + _PREFIX + "))"
 _SEARCH = (
     "SELECT e.session_id, e.seq, e.id, e.role, e.content, e.created_at, e.metadata, "
-    "  ts_rank(to_tsvector('simple', left(e.content, " + _PREFIX + ")), q.query) AS score "
+    "  ts_rank(" + _TSVECTOR + ", q.query) AS score "
     "FROM episodes AS e, ("
     "  SELECT string_agg('(' || word_query::text || ')', ' | ')::tsquery AS query "
     "  FROM unnest(%s::text[]) AS word, plainto_tsquery('simple', word) AS word_query "
     "  WHERE numnode(word_query) > 0) AS q "
-    "WHERE to_tsvector('simple', left(e.content, "
-    + _PREFIX
-    + ")) @@ q.query{in_session} AND "
-    + unfinished.VISIBLE
-    + " "
+    "WHERE " + _TSVECTOR + " @@ q.query{in_session} AND " + unfinished.VISIBLE + " "
     "ORDER BY score DESC, e.session_id, e.seq LIMIT %s"
 )
 
