@@ -273,9 +273,17 @@ class EngineMachine(RuleBasedStateMachine):
         episode = self._episode(length)
 
         async def add_then_give_up() -> None:
+            running = anyio.Event()
+
+            async def add() -> None:
+                running.set()
+                await handle.add([episode])  # sends at once (the mailbox has room), then waits for its reply
+
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(handle.add, [episode])
-                await anyio.wait_all_tasks_blocked()  # the add is sent, waiting for its reply
+                tasks.start_soon(add)
+                # Not wait_all_tasks_blocked(): under trio with an autojump clock it sometimes never
+                # returned here (also before the window's rules); the add has been sent once this wakes.
+                await running.wait()
                 tasks.cancel_scope.cancel()
             # It was sent, so the session still stores it: wait until a reader sees it.
             with anyio.fail_after(30):
