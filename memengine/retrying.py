@@ -8,6 +8,9 @@ from collections.abc import Callable
 import anyio
 import tenacity
 
+#: The engine's own source of jitter: the global ``random`` state belongs to the application.
+_JITTER = random.Random()
+
 
 def backoff_retrying(
     attempts: int, backoff: float, backoff_max: float, before_sleep: Callable[[tenacity.RetryCallState], None]
@@ -20,12 +23,21 @@ def backoff_retrying(
     """
     return tenacity.AsyncRetrying(
         stop=tenacity.stop_after_attempt(attempts),
-        wait=tenacity.wait_random_exponential(multiplier=backoff, max=backoff_max),
+        wait=_full_jitter(backoff, backoff_max),
         retry=tenacity.retry_if_exception_type(Exception),
         sleep=anyio.sleep,
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+def _full_jitter(backoff: float, backoff_max: float) -> Callable[[tenacity.RetryCallState], float]:
+    """tenacity's ``wait_random_exponential``, drawing from the engine's own random source."""
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        return _JITTER.uniform(0, min(backoff_max, backoff * 2.0 ** min(state.attempt_number - 1, 64)))
+
+    return wait
 
 
 def retry_delay(failures: int, attempts: int, backoff: float, backoff_max: float, retry_later: float) -> float:
@@ -39,4 +51,4 @@ def retry_delay(failures: int, attempts: int, backoff: float, backoff_max: float
     tried = failures % attempts
     if tried == 0:
         return retry_later
-    return random.uniform(0, min(backoff_max, backoff * 2.0 ** min(tried - 1, 64)))
+    return _JITTER.uniform(0, min(backoff_max, backoff * 2.0 ** min(tried - 1, 64)))

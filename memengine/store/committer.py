@@ -71,6 +71,7 @@ log = logging.getLogger("memengine.store")
 
 _Append = tuple[str, int, int, Sequence[Episode]]  # session_id, token, first_seq, episodes
 _TRANSIENT_ATTEMPTS = 8
+_JITTER = random.Random()  # the engine's own: the global random state belongs to the application
 
 #: Rows (episodes of an add; other operations count one) one transaction takes at most.
 TRANSACTION_ROWS = 2000
@@ -400,7 +401,7 @@ class GroupCommitStore:
                 return
             # Another process's transaction deadlocked with this one (PostgreSQL aborted ours): all again.
             log.info("a store transaction met a deadlock; retrying (attempt %d)", attempt + 2)
-            time.sleep(0.005 * (attempt + 1) + random.random() * 0.01)
+            time.sleep(0.005 * (attempt + 1) + _JITTER.random() * 0.01)
         reason = (
             "the store was closing and interrupted it"
             if self._aborted
