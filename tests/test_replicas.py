@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -56,7 +57,11 @@ class Worker:
             env={**os.environ, **env},
         )
         self.records: list[dict[str, Any]] = []
-        self.wait_for("ready")
+        try:
+            self.wait_for("ready")
+        except BaseException:
+            self.stop()  # its pipes closed here, not by the garbage collector during a later test
+            raise
 
     def read(self) -> dict[str, Any]:
         line = self.process.stdout.readline()  # type: ignore[union-attr]
@@ -94,6 +99,24 @@ class Worker:
         if sig == signal.SIGKILL:
             self.process.wait()
 
+    def pause_outside_a_write(self, store: str) -> None:
+        """SIGSTOP this process at a moment it holds no write lock.
+
+        A process frozen inside a write transaction blocks every writer of a SQLite file, and
+        makes a PostgreSQL takeover of the rows it locked refuse at once (``SessionBusyError``);
+        the tests that pause an owner are about its lease, so they pause it between its writes
+        (a renewal or an eviction record may be in flight at any moment).
+        """
+        for _ in range(200):
+            self.process.send_signal(signal.SIGSTOP)
+            while Path(f"/proc/{self.process.pid}/stat").read_text().split(")")[-1].split()[0] != "T":
+                time.sleep(0.001)  # every thread stopped, not only signalled
+            if not write_locked(store):
+                return
+            self.process.send_signal(signal.SIGCONT)
+            time.sleep(0.01)
+        raise AssertionError(f"{self.name} held a write lock at every one of 200 tries")
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -101,6 +124,34 @@ class Worker:
         for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
             if pipe is not None and not pipe.closed:
                 pipe.close()
+
+
+def write_locked(store: str) -> bool:
+    """Whether some process holds a write lock a takeover would meet (SQLite's file lock, PostgreSQL's row locks)."""
+    if store.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(store) as conn:
+            for table in ("session_leases", "sessions"):
+                everything = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+                free = conn.execute(
+                    f"SELECT count(*) FROM (SELECT 1 FROM {table} FOR UPDATE SKIP LOCKED) AS t"
+                ).fetchone()
+                conn.rollback()
+                if everything != free:
+                    return True
+        return False
+    conn = sqlite3.connect(store, timeout=0)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.rollback()
+        return False
+    except sqlite3.OperationalError as error:
+        if "locked" not in str(error) and "busy" not in str(error):
+            raise
+        return True
+    finally:
+        conn.close()
 
 
 def lease_overlaps(records_by_process: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -320,7 +371,7 @@ def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_sessi
     try:
         for n in range(1, 6):
             assert paused.ask(op="add", session="s", contents=[f"turn {n}"])["seqs"] == [n]
-        paused.kill(signal.SIGSTOP)  # mid-summary, holding the lease
+        paused.pause_outside_a_write(store_url)  # mid-summary, holding the lease
         time.sleep(2.0)  # past its lease
         # The heir keeps the session (no passivation) while the paused owner comes back.
         heir = Worker(
