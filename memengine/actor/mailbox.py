@@ -62,6 +62,10 @@ class Mailbox(Generic[T]):
                 self._room = anyio.Event()
             await self._room.wait()
 
+    def peek(self) -> T | None:
+        """The oldest message, left in the mailbox, or ``None`` when the mailbox is empty."""
+        return self._queue[0][0] if self._queue else None
+
     def take(self) -> T | None:
         """The oldest message, or ``None`` when the mailbox is empty."""
         if not self._queue:

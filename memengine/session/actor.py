@@ -42,6 +42,7 @@ from ..replay import MessageRecorder
 from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
+from .add_batch import AddBatch
 from .lease import SessionLease
 from .messages import (
     AddEpisodes,
@@ -307,21 +308,28 @@ class SessionActor:
         # The handler does not wait for the commit, so the actor goes on with
         # its mailbox; a second append waits for the first, whose seqs it follows.
         await self._settle_append()
-        self._store.submit_append(
-            self.session_id,
-            self._lease.current(),
-            self._last_seq + 1,
-            message.episodes,
-            functools.partial(self._appended, message),
-        )
+        # No await from here on: the adds taken out of the mailbox are owned by the append's completion.
+        batch = AddBatch.gather(message, self.mailbox)
+        try:
+            self._store.submit_append(
+                self.session_id,
+                self._lease.current(),
+                self._last_seq + 1,
+                batch.episodes,
+                functools.partial(self._appended, batch),
+            )
+        except Exception as exc:
+            for joined in batch.messages[1:]:  # the first is failed by the caller, _handle
+                self._fail(joined, exc)
+            raise
         self._append_in_flight = True  # only once submitted: a refused submit leaves nothing in flight
 
-    def _appended(self, message: AddEpisodes, results: AppendResult | None, error: BaseException | None) -> None:
+    def _appended(self, batch: AddBatch, results: AppendResult | None, error: BaseException | None) -> None:
         """Completion of an append, run by the store on the event loop right after its commit.
 
         It is this actor's code, run synchronously between two of the actor's
         own steps (all on one event loop), and no other append of this session
-        is in flight; the caller is answered only now that its rows are stored.
+        is in flight; the callers are answered only now that their rows are stored.
         """
         self._append_in_flight = False
         settled, self._append_settled = self._append_settled, None
@@ -332,15 +340,17 @@ class SessionActor:
                 # Either way this activation's state may no longer be the store's: let it go,
                 # before a handler waiting for this append runs on it.
                 self._give_up(error)  # type: ignore[arg-type]
-            self._fail(message, error or StoreError("the append was not stored"))
+            for message in batch.messages:
+                self._fail(message, error or StoreError("the append was not stored"))
             return
         new = [episode for episode, is_new in results if is_new]
         if new:
             self._window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
             self._keep_boundary()
-        # Stored: answer first (nothing below may leave the caller waiting), then the follow-ups.
-        self._answer(message, tuple(episode for episode, _ in results))
+        # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
+        for message, own in batch.split(results):
+            self._answer(message, tuple(episode for episode, _ in own))
         if new:
             self._dispatch_summary()
             if self._retain is not None:
