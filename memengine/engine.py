@@ -24,6 +24,7 @@ from .session.handle import Session
 from .session.messages import ClientMessage, LeaseLost, Tick
 from .session.retain_flush import RetainPlan
 from .store.base import Recalled, Store
+from .store.liveness import HEARTBEAT_SECONDS
 from .store.open import open_store
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.protocol import Summarizer
@@ -144,26 +145,20 @@ class Engine:
     async def _recover_orphans(self, resume_summaries: bool, mode: RetainMode) -> None:
         """Take on what no live process owns: at start, then every ``lease_ttl``.
 
-        Sessions left by a crashed run or a dead replica (their leases expired)
-        get their un-retained tails recorded for delivery and, if their evicted
-        episodes are unsummarized, are activated to summarize them. Those that
-        need nothing more are released (store/orphans.py), so the sweep does not
-        grow with every process that ever died.
+        Sessions left by a crashed run or a dead replica (their leases expired,
+        or released at once by :meth:`_watch_owners`) get their un-retained
+        tails recorded for delivery and, if their evicted episodes are
+        unsummarized, are activated to summarize them. Those that need nothing
+        more are released (store/orphans.py), so the sweep does not grow with
+        every process that ever died.
         """
         config = self._services.config
-        interval = config.lease_ttl
-        orphaned_only = False  # at start: also sessions a crashed run of this same owner name left
+        if resume_summaries:
+            # At start: also sessions a crashed run of this same owner name left.
+            await self._resume_pending_summaries(orphaned_only=False)
         while True:
-            if resume_summaries:
-                await self._resume_pending_summaries(orphaned_only)
-            await anyio.sleep(interval)
-            orphaned_only = True
-            if self._delivery is not None:
-                try:
-                    if await self._services.store.enqueue_all_retains(mode, orphaned_only=True):
-                        self._delivery.notify()
-                except Exception:
-                    log.exception("could not record the retain tails of sessions no process owns")
+            await anyio.sleep(config.lease_ttl)
+            await self._take_on_orphans(resume_summaries, mode)
             try:
                 # What was handled (now or by an earlier sweep) is let go: the sweep stays small.
                 await self._services.store.release_orphans(
@@ -171,6 +166,47 @@ class Engine:
                 )
             except Exception:
                 log.exception("could not release the leases of sessions whose owner died")
+
+    async def _take_on_orphans(self, resume_summaries: bool, mode: RetainMode) -> None:
+        """Record the retain tails of sessions no live process owns, and summarize what they left pending."""
+        if resume_summaries:
+            await self._resume_pending_summaries(orphaned_only=True)
+        if self._delivery is not None:
+            try:
+                if await self._services.store.enqueue_all_retains(mode, orphaned_only=True):
+                    self._delivery.notify()
+            except Exception:
+                log.exception("could not record the retain tails of sessions no process owns")
+
+    async def _watch_owners(self, resume_summaries: bool, mode: RetainMode) -> None:
+        """Every second: keep this engine's liveness lock, and take on at once what dead owners left.
+
+        See store/owners.py. If the lock was lost meanwhile (PostgreSQL: its
+        connection dropped), other processes may void this process's retain
+        claims after a grace, so every sink call in flight is cancelled now.
+        A check that does not answer within two seconds counts as lost.
+        """
+        store = self._services.store
+        while True:
+            await anyio.sleep(HEARTBEAT_SECONDS)
+            held = False
+            with anyio.move_on_after(2 * HEARTBEAT_SECONDS):
+                try:
+                    held = await store.keep_alive()
+                except Exception as exc:
+                    log.warning("checking this engine's liveness lock failed (%s)", exc)
+            if not held and self._delivery is not None:
+                self._delivery.drop_claims()  # reads wait for a renewal by themselves (store.alive_until)
+            try:
+                reaped = await store.reap_dead_owners()
+            except Exception as exc:
+                log.warning("looking for engines that died failed (%s); looking again in a second", exc)
+                continue
+            if reaped.owners:
+                log.info("took over from engines that died: %s", ", ".join(reaped.owners))
+                await self._take_on_orphans(resume_summaries, mode)
+                if self._delivery is not None:
+                    self._delivery.notify()
 
     async def _resume_pending_summaries(self, orphaned_only: bool) -> None:
         """Activate sessions left with evicted, unsummarized episodes (by a crash or shutdown)."""
@@ -322,6 +358,9 @@ async def open_engine(
             try:
                 async with anyio.create_task_group() as background:
                     try:
+                        # A process that died left its leases and retain claims: released now, not at expiry.
+                        await store.start_liveness()
+                        await store.reap_dead_owners()
                         if delivery is not None:
                             # A crashed run's sessions never reached their exit boundary: hand on their
                             # tails now (leases under this process's own name are a crashed predecessor's).
@@ -333,6 +372,7 @@ async def open_engine(
                             if config.passivate_after is not None:
                                 tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)
                             tasks.start_soon(engine._renew_leases)
+                            tasks.start_soon(engine._watch_owners, resume_pending_summaries, mode)
                             try:
                                 yield engine
                             except BaseException as exc:

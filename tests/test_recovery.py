@@ -86,8 +86,10 @@ async def test_a_newer_schema_is_refused(db_path) -> None:
     async with open_engine(db_path):
         pass
     conn = sqlite3.connect(db_path)
-    # Two versions ahead: past what the newest migration's compatibility window reaches back to.
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 2}")
+    # A version ahead whose compatibility window does not reach back to this code.
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.execute("UPDATE memengine_schema SET compatible_back = 0")
+    conn.commit()
     conn.close()
     with pytest.raises(StoreError, match="newer"):
         async with open_engine(db_path):

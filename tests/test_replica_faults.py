@@ -588,9 +588,17 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
                 # kill -9, and a new process under the same name (it takes its sessions back at once).
                 victim.signal(signal.SIGKILL)
                 printed = victim.collect()
+                dead_at = time.time()  # it has exited: it serves nothing from here on
                 answered = {r["id"] for r in printed if r["op"] in ("ack", "doubt")}
                 killed_tries.update(r["id"] for r in printed if r["op"] == "try" and r["id"] not in answered)
                 records[name].extend(printed)
+                # Its leases end with it (others may take its sessions at once: store/owners.py).
+                ended = {(r["session"], r["token"]) for r in printed if r["op"] == "lease" and r["event"] == "released"}
+                records[name].extend(
+                    {"op": "lease", "event": "released", "session": r["session"], "token": r["token"], "at": dead_at}
+                    for r in printed
+                    if r["op"] == "lease" and r["event"] == "taken" and (r["session"], r["token"]) not in ended
+                )
                 start(name, max(5.0, started + CHAOS_SECONDS - time.monotonic()))
                 faults.append(f"killed -9 and restarted {name}")
             elif not postgres or roll < 0.6:

@@ -329,10 +329,10 @@ def test_two_processes_hammering_the_same_sessions_agree_on_one_truth(store_url:
     assert problems == [], "\n".join(problems[:20])
 
 
-def test_a_killed_owner_is_taken_over_after_its_lease_expires_and_nothing_acknowledged_is_lost(
-    store_url: str,
-) -> None:
-    env = {"MEMENGINE_TEST_LEASE_TTL": "1.5", "MEMENGINE_TEST_SUMMARY_DELAY": "3600"}  # its summary never ends
+def test_a_killed_owner_is_taken_over_at_once_and_nothing_acknowledged_is_lost(store_url: str) -> None:
+    # A lease far longer than the test: the heir can only take over because the owner's liveness lock
+    # died with it (store/owners.py).
+    env = {"MEMENGINE_TEST_LEASE_TTL": "60", "MEMENGINE_TEST_SUMMARY_DELAY": "3600"}  # its summary never ends
     owner = Worker(store_url, "asyncio", "doomed", "serve", **env)
     try:
         for n in range(1, 8):
@@ -341,16 +341,16 @@ def test_a_killed_owner_is_taken_over_after_its_lease_expires_and_nothing_acknow
         owner.kill()  # kill -9, with a summary of turns 1..3 in flight
     finally:
         owner.stop()
-    heir = Worker(store_url, "trio", "heir", "serve", MEMENGINE_TEST_LEASE_TTL="1.5")
+    heir = Worker(store_url, "trio", "heir", "serve", MEMENGINE_TEST_LEASE_TTL="60")
     try:
         context = heir.ask(op="context", session="s", wait=True)
         assert context["op"] == "context", context
         assert covered(context["summary"]) + [c for _, _, c in context["episodes"]] == [
             f"turn {n}" for n in range(1, 8)
         ]
-        # The lease was renewed at most a third of its 1.5 s before the kill, so it ran at least 1 s more.
+        # Long before the lease (renewed at most 20 s before the kill) could have expired.
         (taken,) = [r for r in heir.records if r["op"] == "lease" and r["event"] == "taken"]
-        assert taken["token"] == 2 and taken["at"] - killed_at >= 0.95, (taken, killed_at)
+        assert taken["token"] == 2 and taken["at"] - killed_at < 15, (taken, killed_at)
         assert heir.ask(op="add", session="s", contents=["turn 8"])["seqs"] == [8]
         heir.ask(op="exit")
         heir.finish()

@@ -150,6 +150,14 @@ class RetainDelivery:
         """Take no claim from now on (engine exit: the leases and claims are released next)."""
         self._stopped = True
 
+    def drop_claims(self) -> None:
+        """Cancel every sink call in flight: this process's claims may be voided by others (its liveness lock was lost).
+
+        Each batch is sent again, with the same key, by whoever claims it next.
+        """
+        for call in self._calls.values():
+            call.scope.cancel()
+
     def notify(self) -> None:
         """New batches are in the outbox (called after they are committed), or a session's turn ended."""
         self._changed.set()
@@ -193,6 +201,9 @@ class RetainDelivery:
         if self._stopped:
             return None  # leaving: a claim taken now would outlive the release of this process's claims
         asked_at = anyio.current_time()  # before the request: the claim runs from some time after this
+        if asked_at >= self._store.alive_until():
+            # Others may be taking this process for dead (store/owners.py): its claims may be voided.
+            return config.retain_backoff
         try:
             # Claim, and so read, the batch right before the call: a clear or delete since it
             # was found may have revised or dropped it, and a deleted episode must not be

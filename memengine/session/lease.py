@@ -35,6 +35,7 @@ class SessionLease:
         """Take the lease and load the session's state, waiting up to ``lease_wait`` for another owner."""
         started = anyio.current_time()
         pause = 0.02
+        reaped: set[str] = set()  # owners already checked for life
         while True:
             attempt = anyio.current_time()
             try:
@@ -48,6 +49,11 @@ class SessionLease:
                 pause = min(pause * 2, 0.5)
                 continue
             except SessionBusyError as busy:
+                if not busy.locked and busy.owner not in reaped:
+                    # Its owner may have died: then its leases are released now (store/owners.py).
+                    reaped.add(busy.owner)
+                    if (await self._store.reap_dead_owners([busy.owner])).owners:
+                        continue
                 waited = anyio.current_time() - started
                 left = self._config.lease_wait - waited
                 if left <= 0:
@@ -67,7 +73,7 @@ class SessionLease:
 
     async def ensure_valid(self) -> None:
         """Renew the lease if it may have lapsed; :class:`LeaseLostError` if another process has it now."""
-        if anyio.current_time() < self._valid_until:
+        if anyio.current_time() < min(self._valid_until, self._store.alive_until()):
             return
         asked_at = anyio.current_time()
         if self._session_id not in await self._store.renew_leases(

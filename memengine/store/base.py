@@ -19,6 +19,7 @@ from ..errors import StoreError
 
 if TYPE_CHECKING:
     from ..retain.batch import RetainMode
+    from .owners import Reaped
 
 T = TypeVar("T")
 
@@ -147,7 +148,22 @@ class Store(Protocol):
         """Give the session up (nothing happens if the token is stale)."""
 
     async def release_leases(self) -> None:
-        """Give up every lease this owner holds (engine exit)."""
+        """Give up every lease and retain claim this owner holds, and leave the running engines (engine exit)."""
+
+    async def start_liveness(self) -> None:
+        """Hold this engine's liveness lock and register it (see store/owners.py); a no-op where impossible."""
+
+    async def keep_alive(self) -> bool:
+        """Whether the liveness lock was held since the last call (if it was lost, it is taken again)."""
+
+    def alive_until(self) -> float:
+        """Until when (``anyio.current_time()``) no other process can have taken this one for dead.
+
+        Reads from memory and new retain claims count on it; ``inf`` where the lock cannot be lost.
+        """
+
+    async def reap_dead_owners(self, among: Sequence[str] | None = None) -> Reaped:
+        """Release the leases and retain claims of owners whose processes are gone (``among`` them, or all)."""
 
     async def load_session(self, session_id: str) -> SessionSnapshot:
         """The session's latest summary and the live episodes after it (a read; no lease)."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import random
 import socket
@@ -51,7 +52,7 @@ import anyio
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
-from . import journal, leases, orphans, outbox
+from . import journal, leases, orphans, outbox, owners
 from .base import (
     AppendResult,
     Completion,
@@ -64,6 +65,7 @@ from .base import (
     SessionSnapshot,
 )
 from .dialect import Db, Dialect
+from .liveness import HEARTBEAT_SECONDS
 
 T = TypeVar("T")
 Operation = Callable[[Db], T]
@@ -157,6 +159,9 @@ class GroupCommitStore:
         self._reads_in_flight = 0
         self._transient = False  # set (in the worker thread) when an operation met a deadlock
         self._reconnected = False  # whether the batch being committed already got a new connection
+        self._liveness: owners.Liveness | None = None  # once held (see start_liveness)
+        self._alive_until = math.inf  # see alive_until
+        self._liveness_slot = anyio.CapacityLimiter(1)
 
     # -- backend hooks -------------------------------------------------------
 
@@ -196,6 +201,10 @@ class GroupCommitStore:
     def _reconnect(self) -> None:
         """Replace the write connection, which was lost (in the worker thread, outside a transaction)."""
         raise NotImplementedError
+
+    def _new_liveness(self) -> Any:
+        """This engine's liveness lock (store/liveness.py), not yet held; None where there is none."""
+        return None
 
     def _housekeeping(self) -> Operation[Any] | None:
         """An extra operation to ride along with the next transaction, if one is due."""
@@ -631,6 +640,8 @@ class GroupCommitStore:
                     await anyio.to_thread.run_sync(self._conn.close)
                 if self._reader is not None:
                     await anyio.to_thread.run_sync(self._close_reader, limiter=self._reader_slot)
+                if self._liveness is not None:
+                    await anyio.to_thread.run_sync(self._liveness.release, limiter=self._liveness_slot)
 
     def _close_reader(self) -> None:
         # After a read still running has returned (it was interrupted); one that does not is left
@@ -663,7 +674,68 @@ class GroupCommitStore:
         await self._submit(lambda db: leases.release(db, session_id, token))
 
     async def release_leases(self) -> None:
-        await self._submit(lambda db: leases.release_all(db, self.owner))
+        liveness = self._liveness
+
+        def release(db: Db) -> None:
+            leases.release_all(db, self.owner)
+            if liveness is not None:
+                owners.unregister(db, liveness)
+
+        await self._submit(release)
+
+    # -- liveness (store/owners.py) --------------------------------------------
+
+    async def start_liveness(self) -> None:
+        liveness = self._new_liveness()
+        if liveness is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(liveness.hold, limiter=self._liveness_slot)
+        except Exception as exc:
+            log.warning(
+                "this engine cannot hold a liveness lock (%s): if it dies, its sessions wait for their leases "
+                "to expire",
+                exc,
+            )
+            return
+        asked_at = anyio.current_time()
+        await self._submit(lambda db: owners.register(db, self.owner, liveness))
+        self._liveness = liveness
+        self._alive_until = self._alive_after(asked_at)
+
+    def alive_until(self) -> float:
+        return self._alive_until
+
+    def _alive_after(self, asked_at: float) -> float:
+        """How long after a check that found the liveness lock held (asked at ``asked_at``) it may be counted on.
+
+        Another process reaps this one no sooner than ``grace`` after it saw the lock gone (which was
+        after ``asked_at``); two heartbeats are kept as a margin for noticing and cancelling.
+        """
+        assert self._liveness is not None
+        grace = self._liveness.grace
+        return math.inf if grace == 0 else asked_at + grace - 2 * HEARTBEAT_SECONDS
+
+    async def keep_alive(self) -> bool:
+        liveness = self._liveness
+        if liveness is None:
+            return True
+        asked_at = anyio.current_time()
+        held = await anyio.to_thread.run_sync(liveness.check, limiter=self._liveness_slot, abandon_on_cancel=True)
+        if not held:
+            await self._submit(lambda db: owners.register(db, self.owner, liveness))  # back among the living
+            asked_at = anyio.current_time()  # counted from now: it was not held all along
+        self._alive_until = self._alive_after(asked_at)
+        return bool(held)
+
+    async def reap_dead_owners(self, among: Sequence[str] | None = None) -> owners.Reaped:
+        liveness = self._liveness
+        if liveness is None:
+            return owners.NOTHING_REAPED
+        dead = await self._read(lambda db: owners.dead_owners(db, liveness, self.owner, among))
+        if not dead:
+            return owners.NOTHING_REAPED
+        return await self._submit(lambda db: owners.reap(db, liveness, self.owner, dead))
 
     async def load_session(self, session_id: str) -> SessionSnapshot:
         return await self._read(lambda db: journal.load(db, session_id))

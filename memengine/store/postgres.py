@@ -26,6 +26,7 @@ from . import journal, postgres_recall
 from .base import Recalled
 from .committer import GroupCommitStore
 from .dialect import Db, postgres_dialect
+from .liveness import AdvisoryLiveness
 from .postgres_connection import connect, pinned_to_tables, shown
 from .postgres_renewals import RenewalConnection
 from .postgres_schema import prepare_schema
@@ -56,6 +57,9 @@ class PostgresStore(GroupCommitStore):
     async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
         # On a connection of their own: never behind queued writes, nor a write waiting for a lock.
         return await self._renewals.renew(self.owner, held, ttl)
+
+    def _new_liveness(self) -> AdvisoryLiveness:
+        return AdvisoryLiveness(self._new_connection)
 
     def _begin_read(self, db: Db) -> None:
         db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")  # one snapshot for the whole read

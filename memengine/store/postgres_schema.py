@@ -37,6 +37,7 @@ from typing import Any
 import attrs
 
 from ..errors import StoreError
+from .owners import OWNERS_INDEX, OWNERS_TABLE
 from .schema_window import check_newer, compatible_from
 
 #: The advisory lock key every memengine process takes while migrating ("memengine" in ASCII, truncated).
@@ -118,6 +119,8 @@ _BOUNDED_RECALL_INDEX = (
     f"CREATE INDEX episodes_text ON episodes USING gin (to_tsvector('simple', left(content, {RECALL_PREFIX_CHARS})))",
 )
 
+_ENGINE_OWNERS = (OWNERS_TABLE, OWNERS_INDEX)
+
 MIGRATIONS: list[Migration] = [
     # Everything: there is no older code to keep working.
     Migration(_JOURNAL, additive=False, locks="nothing that exists (creates the tables)"),
@@ -141,6 +144,8 @@ MIGRATIONS: list[Migration] = [
         additive=True,
         locks="episodes, SHARE while the text index is rebuilt (writes wait; minutes on a large journal)",
     ),
+    # Older code ignores the running engines (its owners are never found dead: their leases expire).
+    Migration(_ENGINE_OWNERS, additive=True, locks="nothing that exists (creates a table)"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

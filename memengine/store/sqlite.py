@@ -27,6 +27,7 @@ from . import journal, sqlite_recall
 from .base import AppendResult, Completion, Recalled
 from .committer import GroupCommitStore, Operation, log
 from .dialect import Db, sqlite_dialect
+from .liveness import FileLiveness
 from .sqlite_schema import migrate
 
 RECALL_INDEX_EVERY = 2000
@@ -46,7 +47,11 @@ class SQLiteStore(GroupCommitStore):
         self, conn: sqlite3.Connection, owner: str | None = None, reader: sqlite3.Connection | None = None
     ) -> None:
         super().__init__(conn, sqlite_dialect(), owner, reader)
+        self._path: str | None = None  # the file, for the liveness lock beside it
         self._unindexed = 0  # about how many episodes wait for recall's index (as this process saw them)
+
+    def _new_liveness(self) -> FileLiveness | None:
+        return None if self._path is None else FileLiveness.beside(self._path)
 
     def _begin(self, db: Db) -> None:
         # Take the write lock now, waiting for another process's transaction in
@@ -177,6 +182,7 @@ async def open_sqlite_store(
             store._reader = reader
 
     store = SQLiteStore(conn, owner)
+    store._path = path
 
     async with store.serving(prepare):
         await store._rebuild_damaged_recall_index()

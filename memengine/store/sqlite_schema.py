@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import sqlite_utils
 
+from .owners import OWNERS_INDEX, OWNERS_TABLE
 from .schema_window import check_newer, compatible_from
 
 # Full-text recall over the journal (see store/sqlite_recall.py, which also
@@ -140,6 +141,12 @@ def _add_eviction_boundaries(db: sqlite_utils.Database) -> None:
     db["sessions"].add_column("evicted_through", int, not_null_default=0)  # type: ignore[union-attr]
 
 
+def _add_engine_owners(db: sqlite_utils.Database) -> None:
+    # The running engines, each with the key of the lock that says it is alive (store/owners.py).
+    db.execute(OWNERS_TABLE)
+    db.execute(OWNERS_INDEX)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _create_journal,
     _add_retain_and_recall,
@@ -147,12 +154,14 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _add_unfinished_appends,
     _add_retain_retry_times,
     _add_eviction_boundaries,
+    _add_engine_owners,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 #: For each migration, whether code from before it keeps working against the schema it leaves
 #: (see schema_window.py). The first five add what older code would ignore and get wrong; the eviction
 #: boundary is only a hint that older code leaves at its default (the window's rules apply again on load).
-ADDITIVE: list[bool] = [False, False, False, False, False, True]
+#: The engine owners table is ignored by older code, whose owners are never found dead (their leases expire).
+ADDITIVE: list[bool] = [False, False, False, False, False, True, True]
 
 _SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS memengine_schema"

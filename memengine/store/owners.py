@@ -1,0 +1,171 @@
+"""The running engines, and what a dead one held: released at once, not when its leases expire.
+
+Each engine registers one row while it runs: its owner name (what its leases
+and retain claims carry), a random incarnation id, and the key of a lock that
+says it is alive (store/liveness.py): a file lock beside a SQLite file, a
+session-level advisory lock on PostgreSQL. The operating system or the
+database server ends that lock when the process dies (kill -9 and OOM
+included), never a clock.
+
+An owner name is dead when it has registered incarnations and none of them
+holds its lock. Then another engine *reaps* it, in one transaction that checks
+again: the dead owner's unexpired leases expire now (so its sessions are taken
+over on their next call, and the orphan sweep finds them at once), and its
+retain claims lapse now (so its batches are delivered by whoever comes next).
+Fencing is unchanged: a takeover still increments the token, so nothing a
+former owner might still send is stored.
+
+An owner is reaped once it has been seen dead for the liveness' ``grace``.
+On SQLite the grace is 0: a file lock is held exactly as long as the
+process lives. On PostgreSQL the server also ends the lock of a live process
+whose connection dropped; such a process notices within a heartbeat, stops
+answering reads from memory until its leases are renewed (session/lease.py)
+and cancels its sink calls (retain/delivery.py), all before the grace is over
+and another process could take a session or a batch over. No grace either
+for a process of this machine (host name and boot id) that is surely gone
+(its pid no longer exists, or is a zombie): the usual restart.
+
+An owner never reaps its own name (a restart under the same name takes its
+sessions and claims back by name), and owners that never registered (older
+versions) are left to their leases' expiry.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import attrs
+
+from .dialect import Db, placeholders
+
+OWNERS_TABLE = (
+    "CREATE TABLE engine_owners ("
+    "  incarnation text PRIMARY KEY, owner text NOT NULL, lock_key bigint NOT NULL,"
+    "  host text NOT NULL, pid bigint NOT NULL, started_at double precision NOT NULL, dead_since double precision)"
+)
+OWNERS_INDEX = "CREATE INDEX engine_owners_by_owner ON engine_owners (owner)"
+
+
+class Liveness(Protocol):
+    """How one engine says it is alive, and learns whether others are (see store/liveness.py)."""
+
+    #: Seconds an owner must have been seen dead before its retain claims are voided.
+    grace: float
+    incarnation: str
+    lock_key: int
+
+    def alive(self, db: Db, incarnations: Sequence[tuple[str, int]]) -> set[str]:
+        """Which of ``(incarnation, lock_key)`` still hold their lock (in a transaction of ``db``)."""
+        ...
+
+    def process_gone(self, host: str, pid: int) -> bool:
+        """Whether the process ``pid`` of ``host`` has surely ended (only knowable on this machine)."""
+        ...
+
+
+@attrs.frozen
+class Reaped:
+    """What one reaping released."""
+
+    #: Owner names found dead whose leases (and, past the grace, claims) were released.
+    owners: tuple[str, ...] = ()
+    #: Some dead owner's claims wait for the grace: reap again a little later.
+    waiting: bool = False
+
+
+NOTHING_REAPED = Reaped()
+
+
+def this_host() -> str:
+    """This machine, as long as it runs: its name and boot id (a pid means nothing after a reboot)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "unknown boot"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def process_gone(host: str, pid: int) -> bool:
+    """Whether process ``pid`` of ``host`` has surely ended: False unless ``host`` is this machine."""
+    if host != this_host() or host.endswith("/unknown boot"):
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")  # killed, not yet reaped by its parent
+
+
+def register(db: Db, owner: str, liveness: Liveness) -> None:
+    """Record this engine as running (again, after its lock was lost and taken back)."""
+    db.execute(
+        "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at) "
+        "VALUES (?, ?, ?, ?, ?, {now}) ON CONFLICT (incarnation) DO UPDATE SET dead_since = NULL",
+        (liveness.incarnation, owner, liveness.lock_key, this_host(), os.getpid()),
+    )
+
+
+def unregister(db: Db, liveness: Liveness) -> None:
+    """This engine stops (its leases and claims are released with it)."""
+    db.execute("DELETE FROM engine_owners WHERE incarnation = ?", (liveness.incarnation,))
+
+
+def dead_owners(db: Db, liveness: Liveness, own: str, among: Sequence[str] | None = None) -> list[str]:
+    """Owner names (other than ``own``) whose every registered incarnation has lost its lock."""
+    if among is not None:
+        among = [name for name in dict.fromkeys(among) if name != own]
+        if not among:
+            return []
+        rows = db.execute(
+            f"SELECT incarnation, owner, lock_key FROM engine_owners WHERE owner IN ({placeholders(len(among))})",
+            among,
+        ).fetchall()
+    else:
+        rows = db.execute("SELECT incarnation, owner, lock_key FROM engine_owners WHERE owner <> ?", (own,)).fetchall()
+    by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for incarnation, owner, lock_key in rows:
+        if incarnation != liveness.incarnation and owner != own:
+            by_owner[owner].append((incarnation, int(lock_key)))
+    return sorted(owner for owner, incarnations in by_owner.items() if not liveness.alive(db, incarnations))
+
+
+def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
+    """Release what the dead ``owners`` held, each checked dead again inside this transaction."""
+    reaped: list[str] = []
+    waiting = False
+    for owner in owners:
+        if owner == own:
+            continue
+        rows = db.execute(
+            "SELECT incarnation, lock_key, host, pid FROM engine_owners WHERE owner = ?{for_update}", (owner,)
+        ).fetchall()
+        if not rows or liveness.alive(db, [(incarnation, int(key)) for incarnation, key, _, _ in rows]):
+            continue  # reaped by another engine meanwhile, or back (a restart, a reconnection)
+        db.execute("UPDATE engine_owners SET dead_since = {now} WHERE owner = ? AND dead_since IS NULL", (owner,))
+        (dead_for,) = db.execute(
+            "SELECT {now} - min(dead_since) FROM engine_owners WHERE owner = ?", (owner,)
+        ).fetchone()
+        # A process of this machine that has ended can neither write nor answer a read: no grace.
+        gone = all(liveness.process_gone(host, int(pid)) for _, _, host, pid in rows)
+        if not gone and float(dead_for) < liveness.grace:
+            waiting = True
+            continue
+        # Its sessions become orphans now: taken over on their next call, found by the orphan sweep.
+        db.execute(
+            "UPDATE session_leases SET expires_at = {now} WHERE session_id IN ("
+            "  SELECT session_id FROM session_leases WHERE owner = ? AND expires_at > {now}{skip_locked})",
+            (owner,),
+        )
+        db.execute(
+            "UPDATE retain_outbox SET claim_until = {now} WHERE claimed_by = ? AND claim_until > {now}", (owner,)
+        )
+        db.execute("DELETE FROM engine_owners WHERE owner = ?", (owner,))
+        reaped.append(owner)
+    return Reaped(tuple(reaped), waiting)

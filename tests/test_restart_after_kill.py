@@ -1,0 +1,108 @@
+"""A process killed with kill -9 releases its sessions and retain claims at once, for any process on the store.
+
+Real processes (tests/restart_worker.py), default settings: a lease lasts 10 s
+and a retain claim 60 s, so anything faster than that comes from the dead
+process's liveness lock (store/owners.py, store/liveness.py), which the
+operating system (SQLite's file lock) or the server (PostgreSQL's advisory
+lock) ended with the process. The bounds here are generous (the machine is
+shared); benchmarks/restart_after_kill.py measures the real figures.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = [("asyncio", "trio"), ("trio", "asyncio")]
+#: Far below the lease (10 s) and the claim (60 s) a dead process would otherwise leave behind.
+FIRST_CALL_BOUND = 4.0
+#: The dead process ran on this machine, so no grace applies on PostgreSQL either (store/owners.py).
+FIRST_BATCH_BOUND = 4.0
+
+
+def start(store: str, backend: str, mode: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.restart_worker", store, backend, mode, *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(process: subprocess.Popen[str], op: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            break
+        record = json.loads(line)
+        if record["op"] == op:
+            return record
+    process.kill()
+    raise AssertionError(f"no {op!r} from the worker: {process.communicate(timeout=10)[1][-3000:]}")
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 90) -> list[dict[str, Any]]:
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"the worker did not finish in {timeout} s: {err[-3000:]}") from None
+    assert process.returncode == 0, err[-3000:]
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def killed_while_holding(store: str, backend: str) -> None:
+    """A process that holds two sessions and a retain claim (its sink call hangs), killed with kill -9."""
+    holder = start(store, backend, "hold")
+    try:
+        wait_for(holder, "holding")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.communicate(timeout=30)
+
+
+def assert_kept_delivered_once_in_order(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    kept = [r for r in records if r["op"] == "batch" and r["session"] == "kept"]
+    assert [c for r in kept for c in r["contents"]] == [f"kept {n}" for n in range(1, 6)], kept
+    return kept
+
+
+@pytest.mark.parametrize(("first", "then"), BACKENDS)
+def test_a_restart_after_kill_9_serves_the_dead_process_sessions_and_delivers_its_batches_at_once(
+    store_url: str, first: str, then: str
+) -> None:
+    killed_while_holding(store_url, first)
+    records = finish(start(store_url, then, "next"))
+    (added,) = [r for r in records if r["op"] == "added"]
+    assert added["seq"] == 2 and added["seconds"] < FIRST_CALL_BOUND, added
+    kept = assert_kept_delivered_once_in_order(records)
+    assert kept[0]["at"] < FIRST_BATCH_BOUND, kept
+
+
+@pytest.mark.parametrize(("first", "then"), BACKENDS)
+def test_a_running_replica_takes_over_a_killed_one_batches_without_any_call(
+    store_url: str, first: str, then: str
+) -> None:
+    survivor = start(store_url, then, "next", "--no-add")
+    try:
+        wait_for(survivor, "opened")
+        killed_while_holding(store_url, first)
+        killed_at = time.monotonic()
+        records = finish(survivor)
+    finally:
+        if survivor.poll() is None:
+            survivor.kill()
+            survivor.communicate()
+    kept = assert_kept_delivered_once_in_order(records)
+    assert kept[0]["monotonic"] - killed_at < FIRST_BATCH_BOUND, (kept, killed_at)
