@@ -21,9 +21,10 @@ from ..config import SessionConfig
 from ..context import Context
 from ..engine import open_engine
 from ..episode import Episode
+from . import exit_status
 from .arguments import positive_int
 from .conversation import Turn, load_sample_conversation
-from .failures import EXPECTED_FAILURES, first_failure
+from .failures import EXPECTED_FAILURES, first_failure, report
 from .render import awaiting_summary, context_lines, indented, summary_lines
 from .store_file import store_file_problem
 
@@ -95,10 +96,10 @@ def run(options: argparse.Namespace) -> int:
     problem = _db_problem(db)
     if problem is not None:
         print(f"memengine demo: cannot use {db}: {problem}", file=sys.stderr)
-        return 2
+        return exit_status.STORE_UNUSABLE
     if options.backend == "trio" and importlib.util.find_spec("trio") is None:
         print("memengine demo: the trio backend needs trio: pip install 'memengine[trio]'", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     sample = load_sample_conversation()
     plan = DemoPlan(
         db=db,
@@ -113,13 +114,10 @@ def run(options: argparse.Namespace) -> int:
         final = anyio.run(replay, plan, backend=options.backend)
     except* EXPECTED_FAILURES as group:
         failure = first_failure(group)
-    if isinstance(failure, BrokenPipeError):
-        raise failure  # the reader of our output went away: main() stops quietly
     if failure is not None or final is None:
-        print(f"memengine demo: failed: {failure}", file=sys.stderr)
-        return 1
+        return report("demo", failure or RuntimeError("no final context"), "failed")
     _print_final(plan, final)
-    return 0
+    return exit_status.OK
 
 
 def _db_problem(db: Path) -> str | None:

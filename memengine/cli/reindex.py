@@ -18,8 +18,11 @@ from pathlib import Path
 
 import anyio
 
+from ..errors import StoreError
 from ..store.open import is_postgres_url, open_store
-from .failures import EXPECTED_FAILURES, first_failure
+from ..store.open_errors import redacted
+from . import exit_status
+from .failures import EXPECTED_FAILURES, first_failure, report
 from .store_file import store_file_problem
 
 DESCRIPTION = (
@@ -50,7 +53,7 @@ def run(options: argparse.Namespace) -> int:
     problem = None if is_postgres_url(db) else store_file_problem(Path(db))
     if problem is not None:
         print(f"memengine reindex: cannot read {db}: {problem}", file=sys.stderr)
-        return 2
+        return exit_status.STORE_UNUSABLE
     failure: BaseException | None = None
     indexed: int | None = None
     try:
@@ -58,8 +61,8 @@ def run(options: argparse.Namespace) -> int:
     except* EXPECTED_FAILURES as group:
         failure = first_failure(group)
     if failure is not None or indexed is None:
-        reason = " ".join(str(failure).split())  # one line, whatever the driver's message spans
-        print(f"memengine reindex: could not rebuild the recall index of {db}: {reason}", file=sys.stderr)
-        return 1
-    print(f"rebuilt the recall index of {db}: {indexed} episode{'s' if indexed != 1 else ''} indexed")
-    return 0
+        # An error about opening the store names it already.
+        doing = "" if isinstance(failure, StoreError) else f"could not rebuild the recall index of {redacted(db)}"
+        return report("reindex", failure or RuntimeError("nothing was indexed"), doing)
+    print(f"rebuilt the recall index of {redacted(db)}: {indexed} episode{'s' if indexed != 1 else ''} indexed")
+    return exit_status.OK
