@@ -27,7 +27,7 @@ from . import journal, postgres_recall
 from .base import Recalled
 from .committer import GroupCommitStore
 from .dialect import Db, postgres_dialect
-from .open_errors import driver_error, postgres_open_failed
+from .open_errors import driver_error, postgres_open_failed, redacted
 from .postgres_connection import connect, pinned_to_tables, shown, with_url_settings
 from .postgres_readonly import check_readable
 from .postgres_renewals import RenewalConnection
@@ -159,6 +159,7 @@ async def open_postgres_store(
             exc
         )
     store = PostgresStore(conn, pinned_url, owner)
+    store.location = redacted(url)
 
     def prepare() -> None:
         try:

@@ -197,6 +197,7 @@ async def open_sqlite_store(
             raise sqlite_open_failed(path, exc) from driver_error(exc)
 
     store = SQLiteStore(conn, owner)
+    store.location = path
 
     async with store.serving(prepare):
         await store._rebuild_damaged_recall_index()
@@ -214,6 +215,7 @@ async def open_sqlite_reader(path: str, *, owner: str | None = None) -> AsyncIte
     except sqlite3.Error as exc:
         raise sqlite_open_failed(path, exc) from exc
     store = SQLiteStore(conn, owner, reader=reader)
+    store.location = path
 
     async with store.serving(lambda: None):
         yield store
