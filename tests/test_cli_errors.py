@@ -107,10 +107,12 @@ def test_a_postgres_server_that_is_down_is_one_line_without_the_password(command
     assert "check that the server is running" in err
 
 
-def test_a_url_of_another_database_is_refused(tmp_path: Path) -> None:
-    err = assert_one_line_error(cli("inspect", "mysql://app:s3cret@db/memory", cwd=tmp_path), STORE_UNUSABLE)
+@pytest.mark.parametrize("command", [["inspect"], ["reindex"], ["migrate"], ["demo", "--db"]])
+def test_a_url_of_another_database_is_refused(tmp_path: Path, command: list[str]) -> None:
+    err = assert_one_line_error(cli(*command, "mysql://app:s3cret@db/memory", cwd=tmp_path), STORE_UNUSABLE)
 
     assert "mysql://app:***@db/memory" in err
+    assert "s3cret" not in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -133,6 +135,16 @@ def test_a_missing_directory_is_named(tmp_path: Path) -> None:
     db = tmp_path / "nowhere" / "memory.db"
 
     err = assert_one_line_error(cli("demo", "--db", str(db)), STORE_UNUSABLE)
+
+    assert f"directory {db.parent} does not exist" in err
+
+
+def test_replay_into_a_missing_directory_is_named(tmp_path: Path) -> None:
+    log = tmp_path / "messages.jsonl"
+    log.write_text("")
+    db = tmp_path / "nowhere" / "replayed.db"
+
+    err = assert_one_line_error(cli("replay", str(log), "--db", str(db)), STORE_UNUSABLE)
 
     assert f"directory {db.parent} does not exist" in err
 
@@ -168,6 +180,26 @@ def test_inspect_on_an_empty_sqlite_file_adds_no_table(tmp_path: Path) -> None:
 
     assert "has no memengine tables" in err
     assert db.stat().st_size == 0
+
+
+def test_inspect_reads_a_postgres_store_and_shows_its_url_without_the_password() -> None:
+    import anyio
+
+    with postgres_schema() as url:
+        secret_url = url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
+
+        async def write() -> None:
+            async with memengine.open_engine(url) as engine:
+                await engine.session("s").add([memengine.Episode("user", "hello")])
+
+        anyio.run(write)
+        listing = cli("inspect", secret_url)
+        session = cli("inspect", secret_url, "s", "--json")
+
+    assert listing.returncode == session.returncode == 0, listing.stderr + session.stderr
+    assert listing.stdout.startswith("postgresql://postgres:***@")
+    assert "s3cret" not in listing.stdout
+    assert [episode["content"] for episode in json.loads(session.stdout)["episodes"]] == ["hello"]
 
 
 # -- inspect shows everything when asked ----------------------------------------

@@ -26,7 +26,7 @@ from .arguments import positive_int
 from .conversation import Turn, load_sample_conversation
 from .failures import EXPECTED_FAILURES, first_failure, report
 from .render import awaiting_summary, context_lines, indented, summary_lines
-from .store_file import store_file_problem
+from .store_file import foreign_url, store_file_problem
 
 DEMO_SESSION = "demo"
 DEFAULT_DB = Path("memengine-demo.db")
@@ -59,8 +59,7 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     parser.add_argument(
         "--db",
-        type=Path,
-        default=DEFAULT_DB,
+        default=str(DEFAULT_DB),
         metavar="PATH",
         help=f"SQLite file to write (default: ./{DEFAULT_DB}); an earlier demo run in it is cleared first",
     )
@@ -92,7 +91,9 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def run(options: argparse.Namespace) -> int:
     """Check the arguments against the file system, then replay the conversation."""
-    db: Path = options.db
+    if (foreign := foreign_url(options.db)) is not None:
+        return report("demo", foreign)
+    db = Path(options.db)
     problem = _db_problem(db)
     if problem is not None:
         print(f"memengine demo: cannot use {db}: {problem}", file=sys.stderr)

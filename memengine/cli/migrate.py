@@ -27,7 +27,7 @@ from ..store.open_errors import driver_error, postgres_open_failed, redacted
 from ..store.sqlite_schema import migrate as migrate_sqlite
 from . import exit_status
 from .failures import EXPECTED_FAILURES, report
-from .store_file import store_file_problem
+from .store_file import foreign_url, store_file_problem
 
 DESCRIPTION = (
     "Create or migrate a memengine store's schema to this version of memengine, in one transaction. "
@@ -68,6 +68,8 @@ def migrate_sqlite_file(path: Path) -> tuple[int, int]:
 def run(options: argparse.Namespace) -> int:
     """Migrate and say from which version to which; 2 if DB is not a store, 1 if the migration failed."""
     db: str = options.db
+    if (foreign := foreign_url(db)) is not None:
+        return report("migrate", foreign)
     shown = db
     where = db
     try:

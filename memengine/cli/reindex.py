@@ -23,7 +23,7 @@ from ..store.open import is_postgres_url, open_store
 from ..store.open_errors import redacted
 from . import exit_status
 from .failures import EXPECTED_FAILURES, first_failure, report
-from .store_file import store_file_problem
+from .store_file import foreign_url, store_file_problem
 
 DESCRIPTION = (
     "Rebuild the recall (full-text) index of a memengine store from its stored episodes: FTS5 on SQLite, "
@@ -50,6 +50,8 @@ async def rebuild(db: str) -> int:
 def run(options: argparse.Namespace) -> int:
     """Rebuild and say so in one line; 2 if DB is not a store, 1 if the rebuild failed."""
     db: str = options.db
+    if (foreign := foreign_url(db)) is not None:
+        return report("reindex", foreign)
     problem = None if is_postgres_url(db) else store_file_problem(Path(db))
     if problem is not None:
         print(f"memengine reindex: cannot read {db}: {problem}", file=sys.stderr)
