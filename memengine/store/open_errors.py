@@ -70,8 +70,10 @@ def sqlite_open_failed(path: str, error: BaseException) -> StoreError:
             "the file is not a SQLite database; give the path of a memengine store or of a new file "
             "(memengine never overwrites another file)"
         )
-    else:
+    elif any(word in str(error) for word in ("unable to open", "readonly", "read-only", "permission")):
         reason = f"{one_line(error)}; check the path and its permissions"
+    else:
+        reason = one_line(error)
     return StoreError(f"cannot open the SQLite store {redacted(path)}: {reason}")
 
 

@@ -211,9 +211,15 @@ async def open_sqlite_reader(path: str, *, owner: str | None = None) -> AsyncIte
         raise StoreError("a new ':memory:' store has no memengine tables to read")
     try:
         conn = await anyio.to_thread.run_sync(sqlite_readonly.connect, path)
-        reader = await anyio.to_thread.run_sync(sqlite_readonly.connect, path)
     except sqlite3.Error as exc:
         raise sqlite_open_failed(path, exc) from exc
+    try:
+        reader = await anyio.to_thread.run_sync(sqlite_readonly.connect, path)
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, sqlite3.Error):
+            raise sqlite_open_failed(path, exc) from exc
+        raise
     store = SQLiteStore(conn, owner, reader=reader)
     store.location = path
 
