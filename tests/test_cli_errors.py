@@ -102,7 +102,7 @@ def test_a_postgres_server_that_is_down_is_one_line_without_the_password(command
 
     err = assert_one_line_error(cli(command, DOWN), STORE_UNUSABLE)
 
-    assert "postgresql://app:***@127.0.0.1:1/memory" in err
+    assert "postgresql://app:***@127.0.0.1:1/memory?connect_timeout=3:" in err  # the URL as given
     assert "s3cret" not in err
     assert "check that the server is running" in err
 

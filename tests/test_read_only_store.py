@@ -85,3 +85,16 @@ async def test_a_store_opened_read_only_reads_what_an_engine_wrote(store_url: st
 
     assert row.session_id == "s"
     assert [episode.content for episode in snapshot.episodes] == ["hello"]
+
+
+async def test_reading_a_sqlite_store_leaves_its_directory_and_file_as_they_were(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    async with open_engine(path) as engine:
+        await engine.session("s").add([Episode("user", "hello")])
+    files, content = sorted(os.listdir(tmp_path)), path.read_bytes()
+
+    async with open_store(path, read_only=True) as store:
+        await store.list_sessions()
+
+    assert sorted(os.listdir(tmp_path)) == files  # no -wal or -shm file left behind either
+    assert path.read_bytes() == content

@@ -149,27 +149,27 @@ async def open_postgres_store(
     used, raises :class:`~memengine.errors.StoreError` naming the URL without
     its password. On exit, operations already submitted are committed.
     """
+    given = url  # what messages show: the user's URL, not the settings added to it here
     if read_only:
         url = with_url_settings(url, {"default_transaction_read_only": "on"})
     try:
         pinned_url = await anyio.to_thread.run_sync(pinned_to_tables, url)
         conn = await anyio.to_thread.run_sync(_connect, pinned_url)
     except (psycopg.Error, StoreError) as exc:
-        raise postgres_open_failed(url, exc, connecting=isinstance(exc, psycopg.OperationalError)) from driver_error(
-            exc
-        )
+        connecting = isinstance(exc, psycopg.OperationalError)
+        raise postgres_open_failed(given, exc, connecting=connecting) from driver_error(exc)
     store = PostgresStore(conn, pinned_url, owner)
-    store.location = redacted(url)
+    store.location = redacted(given)
 
     def prepare() -> None:
         try:
             if read_only:
                 check_readable(conn)
             else:
-                prepare_schema(conn, shown(url))
+                prepare_schema(conn, shown(given))
             store._reader = store._new_connection()  # reads go on their own connection
         except (psycopg.Error, StoreError) as exc:
-            raise postgres_open_failed(url, exc, connecting=False) from driver_error(exc)
+            raise postgres_open_failed(given, exc, connecting=False) from driver_error(exc)
 
     try:
         async with store.serving(prepare):

@@ -1,8 +1,11 @@
 """Opening an existing SQLite store read-only, for commands that only look (``memengine inspect``).
 
-The connection is opened with ``mode=ro``: SQLite itself refuses every
-write, so a missing file is never created and a database that is not a
-store never gains memengine's tables. A file that is not a store, or whose
+The connection is opened with ``mode=rw`` (never ``rwc``: a missing file
+is not created) and ``PRAGMA query_only``, so SQLite refuses every write and
+a database that is not a store never gains memengine's tables. Not
+``mode=ro``: a read-only connection to a WAL database cannot remove the
+``-wal`` and ``-shm`` files when it closes, and would leave them behind. A
+file this process may not write is opened with ``mode=ro`` instead. A file that is not a store, or whose
 schema is not one this memengine reads, is refused with a
 :class:`StoreError` that names it and says what to do.
 """
@@ -25,7 +28,11 @@ def connect(path: str) -> sqlite3.Connection:
     location = Path(path)
     if not location.exists() and location.parent.is_dir():
         raise no_tables(path, "no such file")
-    conn = sqlite3.connect(f"{location.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    uri = location.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=rw", uri=True, check_same_thread=False)
+    except sqlite3.OperationalError:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False)
     try:
         conn.execute("PRAGMA query_only = ON")
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
