@@ -162,6 +162,14 @@ def test_inspect_on_an_empty_postgres_schema_creates_no_table() -> None:
         assert postgres_table_count(url) == 0
 
 
+def test_reindex_on_an_empty_postgres_schema_creates_no_table() -> None:
+    with postgres_schema() as url:
+        err = assert_one_line_error(cli("reindex", url), STORE_UNUSABLE)
+
+        assert "has no memengine tables" in err
+        assert postgres_table_count(url) == 0
+
+
 def test_inspect_on_a_missing_sqlite_path_creates_no_file(tmp_path: Path) -> None:
     db = tmp_path / "missing.db"
 

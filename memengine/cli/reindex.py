@@ -42,7 +42,13 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 async def rebuild(db: str) -> int:
-    """Rebuild the recall index of the store at ``db``; return how many episodes it holds."""
+    """Rebuild the recall index of the store at ``db``; return how many episodes it holds.
+
+    The store is looked at read-only first: a place without memengine's tables
+    is refused rather than given them (opening a store to write creates them).
+    """
+    async with open_store(db, read_only=True):
+        pass
     async with open_store(db) as store:
         return await store.rebuild_recall_index()
 
