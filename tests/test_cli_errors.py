@@ -258,6 +258,25 @@ def test_inspect_json_lists_the_sessions(long_store: Path) -> None:
     }
 
 
+# -- demo on PostgreSQL ----------------------------------------------------------
+
+
+def test_demo_runs_on_postgresql_and_shows_the_url_without_the_password() -> None:
+    import psycopg
+
+    with postgres_schema() as url:
+        secret_url = url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
+        for _ in range(2):  # the second run clears the first
+            result = cli("demo", "--db", secret_url, "--turns", "30")
+
+            assert result.returncode == 0, result.stderr
+            assert "Final context after 30 turns" in result.stdout
+            assert "postgresql://postgres:***@" in result.stdout and "s3cret" not in result.stdout
+        with psycopg.connect(url) as conn:
+            (count,) = conn.execute("SELECT count(*) FROM episodes WHERE session_id = 'demo'").fetchone()
+    assert count == 30
+
+
 # -- demo into a pipe that closes early ------------------------------------------
 
 
