@@ -1,9 +1,10 @@
 """``memengine demo``: replay a sample conversation and watch the window and summary evolve.
 
 The conversation goes, one turn at a time, into session ``demo`` of a local
-SQLite file (or of a PostgreSQL database, with ``--db postgresql://...``), through an engine running the offline ExtractiveSummarizer. Every
-few turns the command prints what a context read returns at that moment; at
-the end, the final context once every evicted episode is summarized.
+SQLite file (or of a PostgreSQL database, with ``--db postgresql://...``),
+through an engine running the offline ExtractiveSummarizer. Every few turns
+the command prints what a context read returns at that moment; at the end,
+the final context once every evicted episode is summarized.
 """
 
 from __future__ import annotations
