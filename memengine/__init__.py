@@ -27,6 +27,16 @@ from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.openai import OpenAISummarizer
 from .summarizer.protocol import Summarizer
 
+
+def __getattr__(name: str) -> str:
+    # __version__ is read from the installed metadata only when asked for: importing stays cheap.
+    if name == "__version__":
+        from ._version import installed_version
+
+        return installed_version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Context",
     "Engine",

@@ -50,6 +50,14 @@ class Engine:
         self._actors: dict[str, SessionActor] = {}
         self._closed = False
 
+    def __repr__(self) -> str:
+        active = len(self._actors)
+        state = "closed, " if self._closed else ""
+        return (
+            f"<Engine {state}store={self._services.store!r} summarizer={self._services.summarizer!r} "
+            f"{active} active session{'s' if active != 1 else ''}>"
+        )
+
     @property
     def config(self) -> SessionConfig:
         return self._services.config

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from .limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS, require_seq, require_text, require_utf8
+from .limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS, require_text, require_utf8
 
 
 def _new_id() -> str:
@@ -96,8 +96,12 @@ def _same_types(copy: object, original: object) -> bool:
 
 
 def _check_seq(instance: Episode, attribute: attrs.Attribute[int | None], value: object) -> None:
+    # The engine stamps stored episodes without the validators (stored_episode, with_seq).
     if value is not None:
-        require_seq("Episode.seq", value)
+        raise TypeError(
+            f"Episode.seq is assigned by the store when the episode is added (got seq={value!r}); "
+            "leave it out: add() returns the stored episodes with their seq"
+        )
 
 
 @attrs.frozen
@@ -110,7 +114,9 @@ class Episode:
     UTF-8) identifies the episode within its session: adding an episode whose
     id the session already holds stores nothing new. ``seq`` is ``None`` until
     the episode is stored; stored episodes carry their position in the session
-    (1, 2, 3, ...). See :mod:`memengine.limits`.
+    (1, 2, 3, ...). The store assigns it: passing ``seq=`` raises ``TypeError``
+    (an episode read back, seq and all, may still be added again, to any
+    session). See :mod:`memengine.limits`.
     """
 
     role: str = attrs.field(validator=_check_role)

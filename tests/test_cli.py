@@ -183,14 +183,14 @@ def test_demo_refuses_to_write_into_a_file_that_is_not_a_store(
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
 
-    assert run_demo(notes, "--turns", "10") == 2
+    assert run_demo(notes, "--turns", "10") == 3  # the store cannot be used
 
     assert "not a readable SQLite database" in capsys.readouterr().err
     assert notes.read_text() == "my notes\n"
 
 
 def test_demo_refuses_a_db_in_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_demo(tmp_path / "missing" / "demo.db", "--turns", "10") == 2
+    assert run_demo(tmp_path / "missing" / "demo.db", "--turns", "10") == 3
 
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
@@ -249,12 +249,12 @@ def test_inspect_unknown_session_exits_1(demo_db: Path, capsys: pytest.CaptureFi
     assert captured.out == ""
 
 
-def test_inspect_missing_file_exits_2_without_creating_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_missing_file_exits_3_without_creating_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "missing.db"
 
-    assert main(["inspect", str(missing)]) == 2
+    assert main(["inspect", str(missing)]) == 3
 
-    assert f"cannot read {missing}: no such file" in capsys.readouterr().err
+    assert f"{missing} has no memengine tables (no such file)" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -263,9 +263,9 @@ def test_inspect_leaves_other_sqlite_databases_alone(tmp_path: Path, capsys: pyt
     with closing(sqlite3.connect(other)) as conn:
         conn.execute("CREATE TABLE things (name TEXT)")
 
-    assert main(["inspect", str(other)]) == 2
+    assert main(["inspect", str(other)]) == 3
 
-    assert "not a memengine store" in capsys.readouterr().err
+    assert "has no memengine tables (another SQLite database)" in capsys.readouterr().err
     assert query(other, "SELECT name FROM sqlite_master") == [("things",)]
 
 

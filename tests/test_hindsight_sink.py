@@ -25,6 +25,7 @@ from hindsight_client import Hindsight, RetainResponse
 from hindsight_client_api.exceptions import ApiException
 
 from memengine import Episode
+from memengine.episode import with_seq
 from memengine.retain.batch import RetainBatch, RetainMode, RetainSink, retain_key
 from memengine.retain.hindsight import HindsightSink
 
@@ -150,7 +151,7 @@ def hindsight() -> Iterator[FakeHindsight]:
 
 
 def episode(seq: int, role: str, content: str) -> Episode:
-    return Episode(role, content, created_at=T0 + timedelta(minutes=seq), seq=seq)
+    return with_seq(Episode(role, content, created_at=T0 + timedelta(minutes=seq)), seq)
 
 
 def batch(session_id: str, *episodes: Episode, mode: RetainMode = "append") -> RetainBatch:

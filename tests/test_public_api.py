@@ -79,7 +79,7 @@ def test_default_ids_are_uuid7_in_time_order() -> None:
         ({"role": "user", "content": "x", "metadata": {1: "int key"}}, TypeError),
         ({"role": "user", "content": "x", "metadata": {"nan": float("nan")}}, ValueError),
         ({"role": "user", "content": "x", "metadata": ["not", "a", "mapping"]}, TypeError),
-        ({"role": "user", "content": "x", "seq": 0}, ValueError),
+        ({"role": "user", "content": "x", "seq": 0}, TypeError),
     ],
 )
 def test_episode_rejects_bad_fields(kwargs: dict, error: type[Exception]) -> None:
@@ -149,3 +149,69 @@ async def test_open_engine_rejects_bad_arguments(db_path) -> None:
     with pytest.raises(ValueError):
         async with open_engine(""):
             pass
+
+
+# -- arguments that would do nothing are refused -----------------------------------
+
+
+def test_an_episode_cannot_be_given_a_seq() -> None:
+    # The store numbers episodes as it stores them: a seq given here was silently dropped by add().
+    with pytest.raises(TypeError, match=r"Episode\.seq is assigned by the store"):
+        Episode("user", "hello", seq=5)
+
+
+@pytest.mark.anyio
+async def test_an_episode_read_back_can_be_added_again(db_path) -> None:
+    async with open_engine(db_path) as engine:
+        (stored,) = await engine.session("a").add([Episode("user", "hello")])
+        (copied,) = await engine.session("b").add([stored])
+    assert (stored.seq, copied.seq, copied.id) == (1, 1, stored.id)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("value", ["yes", 1, None])
+async def test_wait_for_summary_must_be_a_bool(db_path, value: object) -> None:
+    async with open_engine(db_path) as engine:
+        with pytest.raises(TypeError, match="wait_for_summary must be a bool"):
+            await engine.session("s").context(wait_for_summary=value)  # type: ignore[arg-type]
+
+
+# -- reprs say what an object is, and never a secret --------------------------------
+
+
+@pytest.mark.anyio
+async def test_an_engine_repr_names_its_store_summarizer_and_sessions(db_path) -> None:
+    async with open_engine(db_path) as engine:
+        await engine.session("s").add([Episode("user", "hello")])
+        shown = repr(engine)
+    assert shown.startswith("<Engine ")
+    assert f"SQLiteStore({str(db_path)!r})" in shown
+    assert "ExtractiveSummarizer(max_chars=1200" in shown
+    assert "1 active session" in shown
+
+
+@pytest.mark.anyio
+async def test_a_postgres_engine_repr_hides_the_password() -> None:
+    from .conftest import postgres_schema
+
+    with postgres_schema() as url:
+        secret_url = url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
+        async with open_engine(secret_url) as engine:
+            shown = repr(engine)
+    assert "PostgresStore('postgresql://postgres:***@" in shown
+    assert "s3cret" not in shown
+
+
+def test_summarizer_reprs_show_their_settings_and_no_api_key() -> None:
+    from types import SimpleNamespace
+
+    from memengine import ExtractiveSummarizer, OpenAISummarizer
+
+    assert repr(ExtractiveSummarizer(max_chars=500)) == (
+        "ExtractiveSummarizer(max_chars=500, max_sentence_chars=240, fresh_share=0.25, half_life=1000)"
+    )
+    client = SimpleNamespace(base_url="https://user:pw@llm.example/v1/", api_key="sk-s3cret")  # as openai's has
+    summarizer = OpenAISummarizer("gpt-4o-mini", client=client)
+    shown = repr(summarizer)
+    assert shown.startswith("OpenAISummarizer(model='gpt-4o-mini', base_url='https://llm.example/v1")
+    assert "s3cret" not in shown and "pw" not in shown

@@ -297,7 +297,7 @@ def test_reindex_of_a_missing_file_fails_in_one_line_without_creating_it(tmp_pat
 
     result = reindex(absent)
 
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert result.stdout == ""
     assert result.stderr.splitlines() == [f"memengine reindex: cannot read {absent}: no such file"]
     assert list(tmp_path.iterdir()) == []
@@ -310,7 +310,7 @@ def test_reindex_leaves_other_sqlite_databases_alone(tmp_path: Path) -> None:
 
     result = reindex(other)
 
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert len(result.stderr.splitlines()) == 1 and "not a memengine store" in result.stderr
     with closing(sqlite3.connect(other)) as conn:
         assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("things",)]
@@ -319,9 +319,11 @@ def test_reindex_leaves_other_sqlite_databases_alone(tmp_path: Path) -> None:
 def test_reindex_of_an_unreachable_server_fails_in_one_line() -> None:
     result = reindex("postgresql://nobody@127.0.0.1:1/nothing")
 
-    assert result.returncode == 1
+    assert result.returncode == 3
     assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert result.stderr.startswith("memengine reindex: could not rebuild the recall index of postgresql://")
+    assert result.stderr.startswith(
+        "memengine reindex: cannot connect to PostgreSQL at postgresql://nobody@127.0.0.1:1"
+    )
 
 
 # -- long queries -------------------------------------------------------------------

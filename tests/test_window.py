@@ -14,8 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memengine import Episode
+from memengine.episode import with_seq
 from memengine.session.window import Budget, RawWindow
 from memengine.tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
+
+
+def numbered(role: str, content: str, *, seq: int, metadata: dict | None = None) -> Episode:
+    """An episode as the store hands it to the window: stamped with its seq."""
+    return with_seq(Episode(role, content, metadata=metadata or {}), seq)
 
 
 def words(text: str) -> int:
@@ -94,7 +100,7 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
                 elif kind == "stray":
                     metadata = {RESULT_OF_KEY: f"never-made-{seq}"}
                 new.append(
-                    Episode("user", " ".join(["w"] * (size if kind == "plain" else 2)), seq=seq, metadata=metadata)
+                    numbered("user", " ".join(["w"] * (size if kind == "plain" else 2)), seq=seq, metadata=metadata)
                 )
             before = window.evicted
             window.append(new)
@@ -130,7 +136,7 @@ def test_one_llm_call_covers_a_chunk_not_a_turn() -> None:
     evictions = 0
     for seq in range(1, 201):
         before = window.evicted
-        window.append([Episode("user", f"turn {seq}", seq=seq)])
+        window.append([numbered("user", f"turn {seq}", seq=seq)])
         if window.evicted > before:
             evictions += 1
             assert (window.evicted, len(window.window)) == (11, 10)  # 21 episodes: 11 go, half the budget stays
@@ -140,11 +146,11 @@ def test_one_llm_call_covers_a_chunk_not_a_turn() -> None:
 
 def test_a_late_result_keeps_its_call_in_the_window() -> None:
     window = RawWindow(Budget(4, 10**6), 0.5, words)
-    window.append([Episode("assistant", "calling", seq=1, metadata={CALLS_KEY: ["slow"]})])
-    window.append([Episode("user", f"chat {seq}", seq=seq) for seq in range(2, 7)])
+    window.append([numbered("assistant", "calling", seq=1, metadata={CALLS_KEY: ["slow"]})])
+    window.append([numbered("user", f"chat {seq}", seq=seq) for seq in range(2, 7)])
     assert window.evicted == 0  # the call waits for its result: nothing before it may go
-    window.append([Episode("tool", "the result", seq=7, metadata={RESULT_OF_KEY: "slow"})])
-    window.append([Episode("user", "one more", seq=8)])
+    window.append([numbered("tool", "the result", seq=7, metadata={RESULT_OF_KEY: "slow"})])
+    window.append([numbered("user", "one more", seq=8)])
     # Now the group is complete and the window is over budget: call and result leave together.
     assert [e.seq for e in window.window] == [8]
     assert is_valid_prefix(window.raw, window.evicted)
@@ -154,21 +160,21 @@ def test_a_call_and_its_results_are_evicted_together() -> None:
     window = RawWindow(Budget(3, 10**6), 1.0, words)
     window.append(
         [
-            Episode("assistant", "two calls", seq=1, metadata={CALLS_KEY: ["a", "b"]}),
-            Episode("tool", "a done", seq=2, metadata={RESULT_OF_KEY: "a"}),
-            Episode("tool", "b done", seq=3, metadata={RESULT_OF_KEY: "b"}),
+            numbered("assistant", "two calls", seq=1, metadata={CALLS_KEY: ["a", "b"]}),
+            numbered("tool", "a done", seq=2, metadata={RESULT_OF_KEY: "a"}),
+            numbered("tool", "b done", seq=3, metadata={RESULT_OF_KEY: "b"}),
         ]
     )
     assert window.evicted == 0
-    window.append([Episode("user", "thanks", seq=4)])
+    window.append([numbered("user", "thanks", seq=4)])
     assert [e.seq for e in window.window] == [4]  # not [2, 3, 4]: the results never stay without their call
 
 
 def test_a_result_whose_call_is_gone_is_not_shown_raw() -> None:
     window = RawWindow(Budget(10, 10**6), 0.5, words)
     window.append(
-        [Episode("user", "hello", seq=1), Episode("tool", "who called me", seq=2, metadata={RESULT_OF_KEY: "x"})]
+        [numbered("user", "hello", seq=1), numbered("tool", "who called me", seq=2, metadata={RESULT_OF_KEY: "x"})]
     )
     assert window.window == []
-    window.append([Episode("user", "next", seq=3)])
+    window.append([numbered("user", "next", seq=3)])
     assert [e.seq for e in window.window] == [3]

@@ -11,7 +11,9 @@ import argparse
 import os
 import sys
 
-from . import demo, inspect, migrate, reindex, replay
+from .._version import installed_version
+from . import demo, exit_status, inspect, migrate, reindex, replay
+from .output import reader_may_leave
 
 __all__ = ["build_parser", "main"]
 
@@ -21,7 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memengine",
         description="memengine: an actor-based memory engine for LLM agents (window + rolling summary).",
+        epilog=exit_status.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"memengine {installed_version()}")
     subcommands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     demo.add_parser(subcommands)
     inspect.add_parser(subcommands)
@@ -34,15 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the ``memengine`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status.
 
-    Bad arguments exit with status 2, as argparse does.
+    The statuses are listed in exit_status.py (and by ``memengine --help``);
+    bad arguments exit with status 2, as argparse does. When the reader of
+    stdout goes away (``memengine demo | head -3``), the command still does
+    all of its work, quietly (see output.py).
     """
     options = build_parser().parse_args(argv)
     try:
-        return int(options.run(options))
+        with reader_may_leave():
+            return int(options.run(options))
     except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        # The reader (e.g. `| head`) went away: stop quietly, and keep Python
-        # from complaining again when it flushes stdout at exit.
+        return exit_status.INTERRUPTED
+    except BrokenPipeError:  # pragma: no cover - output.py keeps it from reaching here
+        # As the Python docs recommend (signal, "Note on SIGPIPE"): no second error when stdout is flushed at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return exit_status.OK

@@ -1,9 +1,10 @@
 """``memengine demo``: replay a sample conversation and watch the window and summary evolve.
 
 The conversation goes, one turn at a time, into session ``demo`` of a local
-SQLite file, through an engine running the offline ExtractiveSummarizer. Every
-few turns the command prints what a context read returns at that moment; at
-the end, the final context once every evicted episode is summarized.
+SQLite file (or of a PostgreSQL database, with ``--db postgresql://...``),
+through an engine running the offline ExtractiveSummarizer. Every few turns
+the command prints what a context read returns at that moment; at the end,
+the final context once every evicted episode is summarized.
 """
 
 from __future__ import annotations
@@ -21,18 +22,22 @@ from ..config import SessionConfig
 from ..context import Context
 from ..engine import open_engine
 from ..episode import Episode
+from ..store.open import is_postgres_url
+from ..store.open_errors import redacted
+from . import exit_status
 from .arguments import positive_int
 from .conversation import Turn, load_sample_conversation
-from .failures import EXPECTED_FAILURES, first_failure
+from .failures import EXPECTED_FAILURES, first_failure, report
 from .render import awaiting_summary, context_lines, indented, summary_lines
-from .store_file import store_file_problem
+from .store_file import foreign_url, store_file_problem
 
 DEMO_SESSION = "demo"
 DEFAULT_DB = Path("memengine-demo.db")
 SUMMARY_PREVIEW_LINES = 4
 RULE = "-" * 72
 DESCRIPTION = (
-    "Replay a bundled sample conversation, one turn at a time, into session 'demo' of a local SQLite file, "
+    "Replay a bundled sample conversation, one turn at a time, into session 'demo' of a local SQLite file "
+    "(or a postgresql:// URL), "
     "with the offline ExtractiveSummarizer. Every few turns, print what a context read returns at that moment "
     "(the raw window, summarized_through, evicted_through and the rolling summary); at the end, the final "
     "context once every evicted episode is summarized."
@@ -43,7 +48,7 @@ DESCRIPTION = (
 class DemoPlan:
     """What one run of the demo does, decided before the engine starts."""
 
-    db: Path
+    db: str  # a SQLite path or a postgresql:// URL
     turns: tuple[Turn, ...]
     config: SessionConfig
     every: int
@@ -58,10 +63,12 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     parser.add_argument(
         "--db",
-        type=Path,
-        default=DEFAULT_DB,
+        default=str(DEFAULT_DB),
         metavar="PATH",
-        help=f"SQLite file to write (default: ./{DEFAULT_DB}); an earlier demo run in it is cleared first",
+        help=(
+            f"SQLite file to write (default: ./{DEFAULT_DB}), or a postgresql:// URL; "
+            "an earlier demo run in it is cleared first"
+        ),
     )
     parser.add_argument(
         "--turns", type=positive_int, metavar="N", help="replay only the first N turns (default: the whole sample)"
@@ -91,14 +98,16 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def run(options: argparse.Namespace) -> int:
     """Check the arguments against the file system, then replay the conversation."""
-    db: Path = options.db
-    problem = _db_problem(db)
+    if (foreign := foreign_url(options.db)) is not None:
+        return report("demo", foreign)
+    db: str = options.db
+    problem = None if is_postgres_url(db) else _db_problem(Path(db))
     if problem is not None:
         print(f"memengine demo: cannot use {db}: {problem}", file=sys.stderr)
-        return 2
+        return exit_status.STORE_UNUSABLE
     if options.backend == "trio" and importlib.util.find_spec("trio") is None:
         print("memengine demo: the trio backend needs trio: pip install 'memengine[trio]'", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     sample = load_sample_conversation()
     plan = DemoPlan(
         db=db,
@@ -113,13 +122,10 @@ def run(options: argparse.Namespace) -> int:
         final = anyio.run(replay, plan, backend=options.backend)
     except* EXPECTED_FAILURES as group:
         failure = first_failure(group)
-    if isinstance(failure, BrokenPipeError):
-        raise failure  # the reader of our output went away: main() stops quietly
     if failure is not None or final is None:
-        print(f"memengine demo: failed: {failure}", file=sys.stderr)
-        return 1
+        return report("demo", failure or RuntimeError("no final context"), "failed")
     _print_final(plan, final)
-    return 0
+    return exit_status.OK
 
 
 def _db_problem(db: Path) -> str | None:
@@ -149,7 +155,9 @@ async def replay(plan: DemoPlan) -> Context:
 
 def _print_header(plan: DemoPlan, *, requested: int | None, available: int) -> None:
     short = f" (the sample has only {available})" if requested is not None and requested > available else ""
-    print(f"memengine demo: replaying {len(plan.turns)} turns{short} into {plan.db}, session {DEMO_SESSION!r}")
+    print(
+        f"memengine demo: replaying {len(plan.turns)} turns{short} into {redacted(plan.db)}, session {DEMO_SESSION!r}"
+    )
     print(
         f"Window: at most {plan.config.max_episodes} raw episodes and {plan.config.max_chars} characters; "
         "older episodes are folded into a rolling summary"
@@ -175,4 +183,4 @@ def _print_final(plan: DemoPlan, context: Context) -> None:
     print(f"Final context after {len(plan.turns)} turns (read with wait_for_summary=True):")
     print("\n".join(indented(context_lines(context), "  ")))
     print(RULE)
-    print(f"Look at what was stored: memengine inspect {shlex.quote(str(plan.db))} {DEMO_SESSION}")
+    print(f"Look at what was stored: memengine inspect {shlex.quote(redacted(plan.db))} {DEMO_SESSION}")

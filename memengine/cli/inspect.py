@@ -1,30 +1,36 @@
-"""``memengine inspect``: show what a memengine SQLite file holds, without running an engine.
+"""``memengine inspect``: show what a memengine store holds, without running an engine.
 
 Without a session id, lists every session; with one, shows that session's
-latest summary and the raw episodes after it. Reads through the store only
-(``load_session``, ``list_sessions``): no session is activated and no summary
-is computed, so looking never changes what is stored.
+latest summary and the raw episodes after it. The store is opened read-only
+(SQLite ``mode=ro``; PostgreSQL read-only sessions) and read through
+``load_session`` and ``list_sessions`` only: no session is activated, no
+summary is computed, no file or table is created, so looking never changes
+what is stored. ``--full`` prints every line whole; ``--json`` prints one
+JSON document instead (inspect_json.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import json
 from pathlib import Path
 
 import anyio
 import attrs
 
 from ..store.base import SessionRow, SessionSnapshot
-from ..store.open import is_postgres_url, open_store
+from ..store.open import open_store
+from ..store.open_errors import redacted
+from . import exit_status
 from .arguments import positive_int
-from .failures import EXPECTED_FAILURES, first_failure
-from .render import episode_lines, indented, one_line, summary_lines
-from .store_file import store_file_problem
+from .failures import EXPECTED_FAILURES, first_failure, report
+from .inspect_json import session_document, sessions_document
+from .render import LINE_WIDTH, episode_lines, indented, one_line, summary_lines
 
 DESCRIPTION = (
-    "Show what a memengine SQLite file holds. Without SESSION, list every session; with SESSION, show its "
-    "summary and the raw episodes after it. Never changes what is stored: no session is activated, no summary computed."
+    "Show what a memengine store (a SQLite file or a postgresql:// URL) holds. Without SESSION, list every "
+    "session; with SESSION, show its summary and the raw episodes after it. Read-only: never creates a file or "
+    "a table, never activates a session or computes a summary."
 )
 
 
@@ -50,16 +56,17 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="N",
         help="show at most N sessions (the first, by id) or N episodes (the latest); default: all",
     )
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--full", action="store_true", help=f"print summaries and episodes whole, not cut at {LINE_WIDTH} characters"
+    )
+    shape.add_argument("--json", action="store_true", help="print one JSON document, with every text whole")
     parser.set_defaults(run=run)
 
 
 def run(options: argparse.Namespace) -> int:
-    """Read the store and print the session list or one session; 2 if DB is unusable, 1 if SESSION is unknown."""
+    """Read the store and print the session list or one session (exit statuses: exit_status.py)."""
     db: str = options.db
-    problem = None if is_postgres_url(db) else store_file_problem(Path(db))
-    if problem is not None:
-        print(f"memengine inspect: cannot read {db}: {problem}", file=sys.stderr)
-        return 2
     failure: BaseException | None = None
     findings: Findings | None = None
     try:
@@ -67,25 +74,34 @@ def run(options: argparse.Namespace) -> int:
     except* EXPECTED_FAILURES as group:
         failure = first_failure(group)
     if failure is not None or findings is None:
-        print(f"memengine inspect: could not read {db}: {failure}", file=sys.stderr)
-        return 1
+        return report("inspect", failure or RuntimeError("nothing was read"))
+    shown = redacted(db)
     if options.session is None:
-        _print_sessions(db, findings.sessions, options.limit)
-        return 0
+        if options.json:
+            _print_json(sessions_document(findings.sessions[: options.limit]))
+        else:
+            _print_sessions(shown, findings.sessions, options.limit)
+        return exit_status.OK
     row = next((row for row in findings.sessions if row.session_id == options.session), None)
     if row is None or findings.snapshot is None:
-        print(f"memengine inspect: session {options.session!r} has no stored episodes in {db}", file=sys.stderr)
-        return 1
-    _print_session(db, row, findings.snapshot, options.limit)
-    return 0
+        return report("inspect", LookupError(f"session {options.session!r} has no stored episodes in {shown}"))
+    if options.json:
+        _print_json(session_document(row, findings.snapshot, options.limit))
+    else:
+        _print_session(shown, row, findings.snapshot, options.limit, None if options.full else LINE_WIDTH)
+    return exit_status.OK
 
 
 async def read_store(db: str | Path, session_id: str | None) -> Findings:
-    """The session list and, if ``session_id`` is given, that session's snapshot."""
-    async with open_store(db) as store:
+    """The session list and, if ``session_id`` is given, that session's snapshot, from a read-only store."""
+    async with open_store(db, read_only=True) as store:
         sessions = await store.list_sessions()
         snapshot = await store.load_session(session_id) if session_id is not None else None
     return Findings(sessions, snapshot)
+
+
+def _print_json(document: object) -> None:
+    print(json.dumps(document, ensure_ascii=False, indent=2))
 
 
 def _print_sessions(db: str, sessions: list[SessionRow], limit: int | None) -> None:
@@ -111,13 +127,13 @@ def _print_sessions(db: str, sessions: list[SessionRow], limit: int | None) -> N
         print("  ".join(cells))
 
 
-def _print_session(db: str, row: SessionRow, snapshot: SessionSnapshot, limit: int | None) -> None:
+def _print_session(db: str, row: SessionRow, snapshot: SessionSnapshot, limit: int | None, width: int | None) -> None:
     print(f"session {row.session_id!r} in {db}")
     print(f"  generation {row.generation}, {row.episodes} stored episodes, last seq {row.last_seq}")
     print(f"summary (covers seqs up to {snapshot.summarized_through}):")
-    print("\n".join(indented(summary_lines(snapshot.summary))))
+    print("\n".join(indented(summary_lines(snapshot.summary, width=width))))
     episodes = snapshot.episodes
     shown = episodes[-limit:] if limit is not None else episodes
     more = f", showing the latest {len(shown)}" if len(shown) < len(episodes) else ""
     print(f"raw episodes after the summary ({len(episodes)}{more}):")
-    print("\n".join(indented(episode_lines(shown))))
+    print("\n".join(indented(episode_lines(shown, width))))

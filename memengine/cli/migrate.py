@@ -21,10 +21,13 @@ import sys
 from contextlib import closing
 from pathlib import Path
 
+from ..errors import StoreError
 from ..store.open import is_postgres_url
+from ..store.open_errors import driver_error, postgres_open_failed, redacted
 from ..store.sqlite_schema import migrate as migrate_sqlite
-from .failures import EXPECTED_FAILURES
-from .store_file import store_file_problem
+from . import exit_status
+from .failures import EXPECTED_FAILURES, report
+from .store_file import foreign_url, store_file_problem
 
 DESCRIPTION = (
     "Create or migrate a memengine store's schema to this version of memengine, in one transaction. "
@@ -40,10 +43,17 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def migrate_postgres(url: str) -> tuple[str, int, int]:
     """Migrate the schema ``url`` leads to; return the schema's name and its version before and after."""
+    import psycopg
+
     from ..store import postgres_connection as connection
     from ..store.postgres_schema import migrate
 
-    with closing(connection.connect(connection.pinned_to_tables(_without_statement_timeout(url)))) as conn:
+    try:
+        conn = connection.connect(connection.pinned_to_tables(_without_statement_timeout(url)))
+    except (psycopg.Error, StoreError) as exc:
+        connecting = isinstance(exc, psycopg.OperationalError)
+        raise postgres_open_failed(url, exc, connecting=connecting) from driver_error(exc)
+    with closing(conn):
         before, after = migrate(conn)
         (schema,) = conn.execute("SELECT current_schema()").fetchone()
     return str(schema), before, after
@@ -58,13 +68,13 @@ def migrate_sqlite_file(path: Path) -> tuple[int, int]:
 def run(options: argparse.Namespace) -> int:
     """Migrate and say from which version to which; 2 if DB is not a store, 1 if the migration failed."""
     db: str = options.db
+    if (foreign := foreign_url(db)) is not None:
+        return report("migrate", foreign)
     shown = db
     where = db
     try:
         if is_postgres_url(db):
-            from ..store.postgres_connection import shown as without_password
-
-            shown = without_password(db)
+            shown = redacted(db)
             schema, before, after = migrate_postgres(db)
             where = f"{shown} (schema {schema})"
         else:
@@ -72,19 +82,18 @@ def run(options: argparse.Namespace) -> int:
             problem = _sqlite_problem(path)
             if problem is not None:
                 print(f"memengine migrate: will not migrate {db}: {problem}", file=sys.stderr)
-                return 2
+                return exit_status.STORE_UNUSABLE
             before, after = migrate_sqlite_file(path)
     except EXPECTED_FAILURES as failure:
-        reason = " ".join(str(failure).split())  # one line, whatever the driver's message spans
-        print(f"memengine migrate: could not migrate {shown}: {reason}", file=sys.stderr)
-        return 1
+        # An error about opening the store names it already.
+        return report("migrate", failure, "" if isinstance(failure, StoreError) else f"could not migrate {shown}")
     if before == after and after > _understood(db):
         print(f"{where} is at version {after}, newer than this memengine ({_understood(db)}) but compatible with it")
     elif before == after:
         print(f"{where} is already at version {after}")
     else:
         print(f"migrated {where} from version {before} to {after}")
-    return 0
+    return exit_status.OK
 
 
 def _understood(db: str) -> int:

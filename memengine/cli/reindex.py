@@ -18,9 +18,12 @@ from pathlib import Path
 
 import anyio
 
+from ..errors import StoreError
 from ..store.open import is_postgres_url, open_store
-from .failures import EXPECTED_FAILURES, first_failure
-from .store_file import store_file_problem
+from ..store.open_errors import redacted
+from . import exit_status
+from .failures import EXPECTED_FAILURES, first_failure, report
+from .store_file import foreign_url, store_file_problem
 
 DESCRIPTION = (
     "Rebuild the recall (full-text) index of a memengine store from its stored episodes: FTS5 on SQLite, "
@@ -39,7 +42,13 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 async def rebuild(db: str) -> int:
-    """Rebuild the recall index of the store at ``db``; return how many episodes it holds."""
+    """Rebuild the recall index of the store at ``db``; return how many episodes it holds.
+
+    The store is looked at read-only first: a place without memengine's tables
+    is refused rather than given them (opening a store to write creates them).
+    """
+    async with open_store(db, read_only=True):
+        pass
     async with open_store(db) as store:
         return await store.rebuild_recall_index()
 
@@ -47,10 +56,12 @@ async def rebuild(db: str) -> int:
 def run(options: argparse.Namespace) -> int:
     """Rebuild and say so in one line; 2 if DB is not a store, 1 if the rebuild failed."""
     db: str = options.db
+    if (foreign := foreign_url(db)) is not None:
+        return report("reindex", foreign)
     problem = None if is_postgres_url(db) else store_file_problem(Path(db))
     if problem is not None:
         print(f"memengine reindex: cannot read {db}: {problem}", file=sys.stderr)
-        return 2
+        return exit_status.STORE_UNUSABLE
     failure: BaseException | None = None
     indexed: int | None = None
     try:
@@ -58,8 +69,8 @@ def run(options: argparse.Namespace) -> int:
     except* EXPECTED_FAILURES as group:
         failure = first_failure(group)
     if failure is not None or indexed is None:
-        reason = " ".join(str(failure).split())  # one line, whatever the driver's message spans
-        print(f"memengine reindex: could not rebuild the recall index of {db}: {reason}", file=sys.stderr)
-        return 1
-    print(f"rebuilt the recall index of {db}: {indexed} episode{'s' if indexed != 1 else ''} indexed")
-    return 0
+        # An error about opening the store names it already.
+        doing = "" if isinstance(failure, StoreError) else f"could not rebuild the recall index of {redacted(db)}"
+        return report("reindex", failure or RuntimeError("nothing was indexed"), doing)
+    print(f"rebuilt the recall index of {redacted(db)}: {indexed} episode{'s' if indexed != 1 else ''} indexed")
+    return exit_status.OK

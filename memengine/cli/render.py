@@ -11,10 +11,10 @@ LINE_WIDTH = 100
 INDENT = "    "
 
 
-def one_line(text: str, width: int = LINE_WIDTH) -> str:
-    """``text`` with its whitespace collapsed, clipped to ``width`` characters."""
+def one_line(text: str, width: int | None = LINE_WIDTH) -> str:
+    """``text`` with its whitespace collapsed, clipped to ``width`` characters (``None``: not clipped)."""
     flat = " ".join(text.split())
-    if len(flat) <= width:
+    if width is None or len(flat) <= width:
         return flat
     return flat[: width - 1].rstrip() + "…"
 
@@ -23,8 +23,8 @@ def indented(lines: Iterable[str], indent: str = INDENT) -> list[str]:
     return [indent + line for line in lines]
 
 
-def summary_lines(summary: str | None, *, max_lines: int | None = None, width: int = LINE_WIDTH) -> list[str]:
-    """The summary's lines, each clipped to one terminal line; at most ``max_lines`` of them."""
+def summary_lines(summary: str | None, *, max_lines: int | None = None, width: int | None = LINE_WIDTH) -> list[str]:
+    """The summary's lines, each clipped to ``width`` (``None``: whole); at most ``max_lines`` of them."""
     if not summary:
         return ["(no summary yet)"]
     lines = [one_line(line, width) for line in summary.splitlines() if line.strip()]
@@ -34,16 +34,25 @@ def summary_lines(summary: str | None, *, max_lines: int | None = None, width: i
     return lines
 
 
-def episode_lines(episodes: Sequence[Episode], width: int = LINE_WIDTH) -> list[str]:
-    """One line per episode: its seq, its role and the start of its content."""
+def episode_lines(episodes: Sequence[Episode], width: int | None = LINE_WIDTH) -> list[str]:
+    """One line per episode: its seq, its role and the start of its content.
+
+    With ``width=None``, the whole content instead, its own lines kept (indented under the first).
+    """
     if not episodes:
         return ["(no raw episodes)"]
     seq_width = max(len(str(episode.seq)) for episode in episodes)
     role_width = max(len(one_line(episode.role, 12)) for episode in episodes)
-    return [
-        f"#{episode.seq:<{seq_width}}  {one_line(episode.role, 12):<{role_width}}  {one_line(episode.content, width)}"
-        for episode in episodes
-    ]
+    lines = []
+    for episode in episodes:
+        prefix = f"#{episode.seq:<{seq_width}}  {one_line(episode.role, 12):<{role_width}}  "
+        if width is None:
+            first, *rest = episode.content.splitlines() or [""]
+            lines.append(prefix + first)
+            lines.extend(" " * len(prefix) + line for line in rest)
+        else:
+            lines.append(prefix + one_line(episode.content, width))
+    return lines
 
 
 def awaiting_summary(context: Context) -> int:

@@ -17,7 +17,9 @@ import anyio
 
 from ..engine import open_engine
 from ..replay import ReplayReport, replay
-from .failures import EXPECTED_FAILURES, first_failure
+from . import exit_status
+from .failures import EXPECTED_FAILURES, STORE_FAILURES, first_failure
+from .failures import report as report_failure
 
 DESCRIPTION = (
     "Replay a message log (recorded with open_engine(..., record_to=LOG)) into a new SQLite store, "
@@ -46,7 +48,8 @@ async def replay_into(log: Path, db: Path) -> ReplayReport:
 
 
 def run(options: argparse.Namespace) -> int:
-    """Replay LOG into NEW; 0 if every outcome matched, 1 if some differed, 2 if LOG or NEW is unusable."""
+    """Replay LOG into NEW; 0 if every outcome matched, 1 if some differed, 2 if LOG or NEW is unusable as given,
+    3 if the new store cannot be written (see exit_status.py)."""
     log: Path = options.log
     db: Path = options.db
     if not log.is_file():
@@ -61,9 +64,11 @@ def run(options: argparse.Namespace) -> int:
         report = anyio.run(replay_into, log, db, backend=options.backend)
     except* (*EXPECTED_FAILURES, ValueError) as group:
         failure = first_failure(group)
+    if isinstance(failure, STORE_FAILURES):
+        return report_failure("replay", failure)  # the new store could not be written: status 3, as elsewhere
     if failure is not None or report is None:
         print(f"memengine replay: {failure}", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     print(f"replayed {report.messages} messages over {len(report.sessions)} sessions into {db}")
     for mismatch in report.mismatches:
         print(f"  differs: {mismatch}")

@@ -11,6 +11,10 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+from ..errors import StoreError
+from ..store.open import is_postgres_url
+from ..store.open_errors import unsupported_url, url_scheme
+
 MEMENGINE_TABLES = frozenset({"sessions", "episodes", "summaries"})
 
 
@@ -31,4 +35,14 @@ def store_file_problem(path: Path) -> str | None:
         return f"not a readable SQLite database ({exc})"
     if not MEMENGINE_TABLES <= tables:
         return "a SQLite database, but not a memengine store"
+    return None
+
+
+def foreign_url(db: str) -> StoreError | None:
+    """The error for a URL of a database memengine does not store in (``mysql://...``), else ``None``.
+
+    Checked first, so that such a URL is never taken for a file path (nor shown with its password).
+    """
+    if url_scheme(db) is not None and not is_postgres_url(db):
+        return unsupported_url(db)
     return None

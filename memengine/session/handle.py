@@ -70,9 +70,12 @@ class Session:
 
         With ``wait_for_summary=True``, first wait until every episode evicted
         before this call is covered by a stored summary. Cancelling this wait
-        affects no one else: the summarizer keeps going.
+        affects no one else: the summarizer keeps going. ``wait_for_summary``
+        must be a bool (``TypeError`` otherwise: ``"no"`` would be true).
         """
-        return await self._request(lambda reply: ReadContext(bool(wait_for_summary), reply))
+        if not isinstance(wait_for_summary, bool):
+            raise TypeError(f"wait_for_summary must be a bool, not {type(wait_for_summary).__name__}")
+        return await self._request(lambda reply: ReadContext(wait_for_summary, reply))
 
     async def delete_episodes(self, seqs: Iterable[int]) -> int:
         """Delete episodes by seq; return how many existed and were deleted.

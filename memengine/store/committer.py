@@ -132,6 +132,12 @@ class GroupCommitStore:
     the committer (an in-memory SQLite database has no second connection).
     """
 
+    #: Where the store is, as messages and reprs show it (a URL without its password); set by the opener.
+    location = ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.location!r})"
+
     def __init__(self, conn: Any, dialect: Dialect, owner: str | None = None, reader: Any | None = None) -> None:
         self._conn = conn
         self._reader = reader

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from .base import Store
+from .open_errors import unsupported_url, url_scheme
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -17,16 +18,25 @@ def is_postgres_url(path: object) -> bool:
 
 @asynccontextmanager
 async def open_store(
-    path: str | os.PathLike[str], *, synchronous: str = "NORMAL", owner: str | None = None
+    path: str | os.PathLike[str], *, synchronous: str = "NORMAL", owner: str | None = None, read_only: bool = False
 ) -> AsyncIterator[Store]:
-    """A PostgreSQL store for a ``postgresql://`` URL, else the SQLite file (or ``":memory:"``) at ``path``."""
+    """A PostgreSQL store for a ``postgresql://`` URL, else the SQLite file (or ``":memory:"``) at ``path``.
+
+    ``read_only`` opens an existing store only to read it: nothing is created,
+    migrated or written, and a place without memengine's tables is refused.
+    A store that cannot be opened raises :class:`~memengine.errors.StoreError`
+    naming it (a URL without its password) and saying what to do; so does a
+    URL of another database (``mysql://...``).
+    """
     if is_postgres_url(path):
         from .postgres import open_postgres_store  # psycopg is an optional dependency
 
-        async with open_postgres_store(str(path), owner=owner) as store:
+        async with open_postgres_store(str(path), owner=owner, read_only=read_only) as store:
             yield store
+    elif url_scheme(path) is not None:
+        raise unsupported_url(str(path))
     else:
         from .sqlite import open_sqlite_store
 
-        async with open_sqlite_store(path, synchronous=synchronous, owner=owner) as store:
+        async with open_sqlite_store(path, synchronous=synchronous, owner=owner, read_only=read_only) as store:
             yield store

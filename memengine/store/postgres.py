@@ -22,12 +22,15 @@ from typing import Any
 
 import anyio
 
+from ..errors import StoreError
 from . import journal, postgres_recall
 from .base import Recalled
 from .committer import GroupCommitStore
 from .dialect import Db, postgres_dialect
 from .liveness import AdvisoryLiveness
-from .postgres_connection import connect, pinned_to_tables, shown
+from .open_errors import driver_error, postgres_open_failed, redacted
+from .postgres_connection import connect, pinned_to_tables, shown, with_url_settings
+from .postgres_readonly import check_readable
 from .postgres_renewals import RenewalConnection
 from .postgres_schema import prepare_schema
 
@@ -130,7 +133,9 @@ def _connect(url: str) -> psycopg.Connection[Any]:
 
 
 @asynccontextmanager
-async def open_postgres_store(url: str, *, owner: str | None = None) -> AsyncIterator[PostgresStore]:
+async def open_postgres_store(
+    url: str, *, owner: str | None = None, read_only: bool = False
+) -> AsyncIterator[PostgresStore]:
     """Connect to PostgreSQL at ``url`` (creating or migrating the schema if it is behind) for the block's duration.
 
     The tables are looked for once, here: in the first schema of the
@@ -140,16 +145,35 @@ async def open_postgres_store(url: str, *, owner: str | None = None) -> AsyncIte
     A current schema is only read, so a role with data rights alone can open
     the store; one that is behind is migrated if the role may, else
     :class:`~memengine.errors.StoreError` says to run ``memengine migrate``.
+    ``read_only`` creates and migrates nothing: every connection runs with
+    ``default_transaction_read_only``, and a schema without memengine's
+    tables (or behind this code) is refused (see postgres_readonly.py).
     Connections get bounded waits (see postgres_connection.py), which the URL
-    can override. On exit, operations already submitted are committed.
+    can override. A server that cannot be reached, or a schema that cannot be
+    used, raises :class:`~memengine.errors.StoreError` naming the URL without
+    its password. On exit, operations already submitted are committed.
     """
-    pinned_url = await anyio.to_thread.run_sync(pinned_to_tables, url)
-    conn = await anyio.to_thread.run_sync(_connect, pinned_url)
+    given = url  # what messages show: the user's URL, not the settings added to it here
+    if read_only:
+        url = with_url_settings(url, {"default_transaction_read_only": "on"})
+    try:
+        pinned_url = await anyio.to_thread.run_sync(pinned_to_tables, url)
+        conn = await anyio.to_thread.run_sync(_connect, pinned_url)
+    except (psycopg.Error, StoreError) as exc:
+        connecting = isinstance(exc, psycopg.OperationalError)
+        raise postgres_open_failed(given, exc, connecting=connecting) from driver_error(exc)
     store = PostgresStore(conn, pinned_url, owner)
+    store.location = redacted(given)
 
     def prepare() -> None:
-        prepare_schema(conn, shown(url))
-        store._reader = store._new_connection()  # reads go on their own connection
+        try:
+            if read_only:
+                check_readable(conn)
+            else:
+                prepare_schema(conn, shown(given))
+            store._reader = store._new_connection()  # reads go on their own connection
+        except (psycopg.Error, StoreError) as exc:
+            raise postgres_open_failed(given, exc, connecting=False) from driver_error(exc)
 
     try:
         async with store.serving(prepare):

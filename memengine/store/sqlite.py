@@ -23,11 +23,12 @@ import anyio
 
 from ..episode import Episode
 from ..errors import StoreError
-from . import journal, sqlite_recall
+from . import journal, sqlite_readonly, sqlite_recall
 from .base import AppendResult, Completion, Recalled
 from .committer import GroupCommitStore, Operation, log
 from .dialect import Db, sqlite_dialect
 from .liveness import FileLiveness
+from .open_errors import driver_error, sqlite_open_failed
 from .sqlite_schema import migrate
 
 RECALL_INDEX_EVERY = 2000
@@ -154,7 +155,11 @@ def _connect(path: str) -> sqlite3.Connection:
 
 @asynccontextmanager
 async def open_sqlite_store(
-    path: str | os.PathLike[str] = "memengine.db", *, synchronous: str = "NORMAL", owner: str | None = None
+    path: str | os.PathLike[str] = "memengine.db",
+    *,
+    synchronous: str = "NORMAL",
+    owner: str | None = None,
+    read_only: bool = False,
 ) -> AsyncIterator[SQLiteStore]:
     """Open (creating and migrating if needed) a SQLite store for the block's duration.
 
@@ -162,6 +167,11 @@ async def open_sqlite_store(
     keeps every acknowledged write across a crash of the process (kill -9);
     ``"FULL"`` also across a power loss, at the cost of an fsync per commit.
 
+    ``read_only`` opens an existing store for reading only (see
+    sqlite_readonly.py): no file is created, no table added, nothing written.
+
+    A file that cannot be opened (a missing directory, a directory, a file
+    that is not a SQLite database) raises :class:`StoreError` naming it.
     On exit, operations already submitted are committed and the file is closed.
     """
     if synchronous not in ("NORMAL", "FULL"):
@@ -169,21 +179,55 @@ async def open_sqlite_store(
     path = os.fspath(path)
     if not path:
         raise ValueError("the SQLite path must not be empty (use ':memory:' for a private in-memory store)")
-    conn = await anyio.to_thread.run_sync(_connect, path)
+    if read_only:
+        async with open_sqlite_reader(path, owner=owner) as store:
+            yield store
+        return
+    try:
+        conn = await anyio.to_thread.run_sync(_connect, path)
+    except sqlite3.Error as exc:
+        raise sqlite_open_failed(path, exc) from exc
 
     def prepare() -> None:
-        conn.execute(f"PRAGMA synchronous = {synchronous}")
-        migrate(conn)
-        # From now on the store waits for locks in slices (see SQLiteStore._begin).
-        conn.execute(f"PRAGMA busy_timeout = {_BUSY_SLICE_MS}")
-        if path != ":memory:":  # a second connection to ":memory:" would be another, empty database
-            reader = _connect(path)
-            reader.execute("PRAGMA query_only = ON")
-            store._reader = reader
+        try:
+            conn.execute(f"PRAGMA synchronous = {synchronous}")
+            migrate(conn)
+            # From now on the store waits for locks in slices (see SQLiteStore._begin).
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_SLICE_MS}")
+            if path != ":memory:":  # a second connection to ":memory:" would be another, empty database
+                reader = _connect(path)
+                reader.execute("PRAGMA query_only = ON")
+                store._reader = reader
+        except (sqlite3.Error, StoreError) as exc:
+            raise sqlite_open_failed(path, exc) from driver_error(exc)
 
     store = SQLiteStore(conn, owner)
     store._path = path
+    store.location = path
 
     async with store.serving(prepare):
         await store._rebuild_damaged_recall_index()
+        yield store
+
+
+@asynccontextmanager
+async def open_sqlite_reader(path: str, *, owner: str | None = None) -> AsyncIterator[SQLiteStore]:
+    """An existing SQLite store opened read-only: reads work, any write fails; nothing is created or changed."""
+    if path == ":memory:":
+        raise StoreError("a new ':memory:' store has no memengine tables to read")
+    try:
+        conn = await anyio.to_thread.run_sync(sqlite_readonly.connect, path)
+    except sqlite3.Error as exc:
+        raise sqlite_open_failed(path, exc) from exc
+    try:
+        reader = await anyio.to_thread.run_sync(sqlite_readonly.connect, path)
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, sqlite3.Error):
+            raise sqlite_open_failed(path, exc) from exc
+        raise
+    store = SQLiteStore(conn, owner, reader=reader)
+    store.location = path
+
+    async with store.serving(lambda: None):
         yield store

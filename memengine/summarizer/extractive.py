@@ -142,6 +142,12 @@ class ExtractiveSummarizer:
         self.fresh_share = fresh_share
         self.half_life = half_life if half_life is not None else 2 * max_chars
 
+    def __repr__(self) -> str:
+        return (
+            f"ExtractiveSummarizer(max_chars={self.max_chars}, max_sentence_chars={self.max_sentence_chars}, "
+            f"fresh_share={self.fresh_share}, half_life={self.half_life})"
+        )
+
     async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
         """Fold ``episodes`` into ``previous``, in a worker thread.
 

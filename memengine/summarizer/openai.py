@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ..episode import Episode
 
@@ -51,6 +52,13 @@ class OpenAISummarizer:
         self.instructions = instructions.format(max_words=max_words)
         self.temperature = temperature
 
+    def __repr__(self) -> str:
+        # The model and where it is called, never the client's API key (nor a password in its URL).
+        return (
+            f"OpenAISummarizer(model={self.model!r}, base_url={_without_user_info(self.client)!r}, "
+            f"temperature={self.temperature})"
+        )
+
     def messages(self, previous: str | None, episodes: Sequence[Episode]) -> list[dict[str, str]]:
         turns = "\n".join(f"{episode.role}: {episode.content}" for episode in episodes)
         return [
@@ -69,3 +77,11 @@ class OpenAISummarizer:
         )
         content = response.choices[0].message.content
         return content.strip() if isinstance(content, str) else ""
+
+
+def _without_user_info(client: Any) -> str | None:
+    base_url = getattr(client, "base_url", None)
+    if base_url is None:
+        return None
+    parts = urlsplit(str(base_url))
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
