@@ -10,7 +10,7 @@ once that call has started, then waits to be killed.
 
 ``next``: serves with a sink that records. At once it adds a turn to
 ``"busy"`` (printing how long the add took after the engine opened) unless
-``--no-add``; then it prints every batch its sink receives, with the seconds
+``--no-add``; then (unless ``--add-only``) it prints every batch its sink receives, with the seconds
 since the engine opened, until the sink has seen turn 5 of ``"kept"`` (or 60
 s passed), and exits.
 """
@@ -78,7 +78,10 @@ async def serve_next(store: str, add: bool) -> None:
         emit(op="opened", seconds=opened_at[0] - started)
         if add:
             (episode,) = await engine.session("busy").add([Episode("user", "busy 2")])
-            emit(op="added", seq=episode.seq, seconds=time.monotonic() - opened_at[0])
+            now = time.monotonic()
+            emit(op="added", seq=episode.seq, seconds=now - opened_at[0], monotonic=now)
+        if "--add-only" in sys.argv:
+            return
         with anyio.move_on_after(60):
             await sink.done.wait()
     emit(op="exited")

@@ -106,3 +106,19 @@ def test_a_running_replica_takes_over_a_killed_one_batches_without_any_call(
             survivor.communicate()
     kept = assert_kept_delivered_once_in_order(records)
     assert kept[0]["monotonic"] - killed_at < FIRST_BATCH_BOUND, (kept, killed_at)
+
+
+def test_a_paused_process_is_not_taken_for_dead(store_url: str) -> None:
+    """SIGSTOP (a GC pause, a debugger) keeps the liveness lock: its sessions move only when their leases expire."""
+    holder = start(store_url, "asyncio", "hold")
+    try:
+        wait_for(holder, "holding")
+        holder.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        records = finish(start(store_url, "trio", "next", "--add-only"), timeout=60)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.communicate(timeout=30)
+    (added,) = [r for r in records if r["op"] == "added"]
+    # Its lease (10 s) was renewed at most a third of it before the pause: at least 6.6 s were left.
+    assert added["seq"] == 2 and added["monotonic"] - stopped_at > 6.0, (added, stopped_at)

@@ -1,0 +1,102 @@
+"""Owner liveness on PostgreSQL, where a live process can lose its lock (store/owners.py, store/liveness.py).
+
+A session-level advisory lock ends with its connection: when a process dies,
+but also when only its connection was dropped (a killed backend, a server
+restart). So what another process finds dead on PostgreSQL is released only
+after a grace, unless it is a process of the same machine whose pid is gone;
+and a live process takes its lock back within a heartbeat, so it is never
+released at all. Killed processes are covered in test_restart_after_kill.py.
+"""
+
+from __future__ import annotations
+
+import anyio
+import psycopg
+import pytest
+
+from memengine import Episode, SessionBusyError, SessionConfig, open_engine
+
+from .conftest import postgres_schema, postgres_unreachable
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(postgres_unreachable() is not None, reason=str(postgres_unreachable())),
+]
+
+CONFIG = SessionConfig(passivate_after=None, lease_wait=3.0)
+
+
+@pytest.fixture
+def pg_url():
+    with postgres_schema() as url:
+        yield url
+
+
+def terminate_liveness_backend(url: str, lock_key: int) -> int:
+    """Kill the server session that holds ``lock_key``: the lock ends with it, the process lives on."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND ((classid::bigint << 32) | objid::bigint) = %s AND objsubid = 1",
+            (lock_key,),
+        ).fetchall()
+    return len(rows)
+
+
+async def test_a_live_engine_whose_lock_connection_dropped_keeps_its_sessions(pg_url) -> None:
+    with anyio.fail_after(60):
+        async with (
+            open_engine(pg_url, config=CONFIG, owner="a") as a,
+            open_engine(pg_url, config=CONFIG, owner="b") as b,
+        ):
+            await a.session("s").add([Episode("user", "from a")])
+            assert terminate_liveness_backend(pg_url, a.store._liveness.lock_key) == 1  # type: ignore[attr-defined]
+            # b finds a's lock gone, but a takes it back within a heartbeat, long before the grace ends.
+            with pytest.raises(SessionBusyError) as busy:
+                await b.session("s").add([Episode("user", "from b")])
+            assert busy.value.owner == "a"
+            (episode,) = await a.session("s").add([Episode("user", "a again")])
+            assert episode.seq == 2
+            assert (await a.session("s").context()).episodes[-1].content == "a again"
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT content FROM episodes ORDER BY seq").fetchall() == [("from a",), ("a again",)]
+        assert conn.execute("SELECT count(*) FROM engine_owners").fetchone() == (0,)  # both left cleanly
+
+
+async def test_a_dead_owner_of_another_machine_is_released_only_after_the_grace(pg_url) -> None:
+    with anyio.fail_after(60):
+        config = SessionConfig(passivate_after=None, lease_wait=0.3)  # a call gives up before the grace ends
+        async with open_engine(pg_url, config=config, owner="survivor") as engine:
+            store = engine.store
+            store._liveness.grace = 1.0  # type: ignore[attr-defined]  # 5 s in production: a shorter test
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                # An engine of another machine that died holding a session and a retain claim.
+                conn.execute(
+                    "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at) "
+                    "VALUES ('gone', 'remote', 12345, 'elsewhere/boot', 1, 0)"
+                )
+                conn.execute(
+                    "INSERT INTO session_leases (session_id, owner, token, expires_at) "
+                    "VALUES ('s', 'remote', 7, extract(epoch from clock_timestamp()) + 600)"
+                )
+                conn.execute(
+                    "INSERT INTO retain_outbox (session_id, first_seq, last_seq, mode, key, episodes, created_at, "
+                    "claimed_by, claim_until) VALUES ('s', 1, 1, 'append', 'k', '[]', 0, 'remote', "
+                    "extract(epoch from clock_timestamp()) + 600)"
+                )
+            first = await store.reap_dead_owners()
+            assert first.owners == () and first.waiting  # seen dead: the grace starts
+            with pytest.raises(SessionBusyError):
+                await engine.session("s").context()
+            await anyio.sleep(1.2)
+            assert (await store.reap_dead_owners(["remote"])).owners in (("remote",), ())  # or the watcher did
+            with psycopg.connect(pg_url) as conn:
+                lease_left, claim_left, owners = conn.execute(
+                    "SELECT (SELECT expires_at FROM session_leases WHERE session_id = 's'), "
+                    "(SELECT claim_until FROM retain_outbox), "
+                    "(SELECT count(*) FROM engine_owners WHERE owner = 'remote')"
+                ).fetchone()
+                now = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0]
+            assert lease_left <= now and claim_left <= now and owners == 0
+            context = await engine.session("s").context()  # taken over now
+            assert context.episodes == ()
