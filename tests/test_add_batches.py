@@ -5,7 +5,8 @@ follow), and the adds queued meanwhile go to the store as one append. What
 users see must be exactly what one add at a time gives: each caller gets the
 episodes it sent with their seqs, seqs dense in arrival order, an id repeated
 across two queued adds stored once, and no add overtakes a clear or delete
-queued before it.
+queued before it. Adds join across a queued read, which is then answered once
+they are stored (they were all unacknowledged when it was sent).
 
 The append in flight is held by blocking the store's worker thread inside its
 ``INSERT`` (SQLite's trace callback), so what queues behind it is certain.
@@ -171,3 +172,40 @@ async def test_an_add_queued_after_a_clear_or_delete_is_not_stored_before_it(db_
     # "before" is removed by the clear or delete queued after it; "after" survives it.
     assert [content for _, content in stored.episodes("s")] == ["after"]
     assert [e.content for e in context.episodes] == ["after"]
+
+
+async def test_adds_join_across_a_queued_read_which_is_answered_once_they_are_stored(db_path, stored) -> None:
+    statements: list[str] = []
+    seen: list[list[str]] = []
+    with anyio.fail_after(20):
+        async with open_engine(db_path, config=CONFIG) as engine:
+            session = engine.session("s")
+            await session.add([Episode("user", "first")])
+
+            async def read() -> None:
+                seen.append([e.content for e in (await session.context()).episodes])
+
+            held = HeldInsert()
+
+            def trace(statement: str) -> None:
+                statements.append(statement)
+                held(statement)
+
+            engine.store._conn.set_trace_callback(trace)
+            try:
+                async with anyio.create_task_group() as tasks:
+                    held.armed = True
+                    tasks.start_soon(session.add, [Episode("user", "held")])
+                    assert await anyio.to_thread.run_sync(held.entered.wait, 10)
+                    await queue(tasks, lambda: session.add([Episode("user", "before the read")]))
+                    await queue(tasks, read)
+                    await queue(tasks, lambda: session.add([Episode("user", "after the read")]))
+                    held.released.set()
+            finally:
+                held.released.set()
+                engine.store._conn.set_trace_callback(None)
+    # The add after the read joined the one before it: one commit for both, after the held one.
+    assert [s for s in statements if s == "COMMIT"] == ["COMMIT", "COMMIT"]
+    # The read, queued while they were unacknowledged, is answered once they are stored.
+    assert seen == [["first", "held", "before the read", "after the read"]]
+    assert [c for _, c in stored.episodes("s")] == ["first", "held", "before the read", "after the read"]

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import anyio
 
 T = TypeVar("T")
+
+
+class Ahead(enum.Enum):
+    """What :meth:`Mailbox.take_ahead` does with a message."""
+
+    TAKE = enum.auto()
+    PASS = enum.auto()
+    STOP = enum.auto()
 
 
 class MailboxClosed(Exception):
@@ -62,9 +72,28 @@ class Mailbox(Generic[T]):
                 self._room = anyio.Event()
             await self._room.wait()
 
-    def peek(self) -> T | None:
-        """The oldest message, left in the mailbox, or ``None`` when the mailbox is empty."""
-        return self._queue[0][0] if self._queue else None
+    def take_ahead(self, decide: Callable[[T], Ahead], look_at: int) -> list[T]:
+        """Take messages from the front on: each is taken, passed over (left in place) or ends the search.
+
+        ``decide`` is asked about each message in order, at most ``look_at`` of them.
+        """
+        taken: list[T] = []
+        passed: list[tuple[T, bool]] = []
+        while self._queue and len(taken) + len(passed) < look_at:
+            entry = self._queue[0]
+            verdict = decide(entry[0])
+            if verdict is Ahead.STOP:
+                break
+            self._queue.popleft()
+            if verdict is Ahead.TAKE:
+                taken.append(entry[0])
+                self._from_clients -= entry[1]
+            else:
+                passed.append(entry)
+        self._queue.extendleft(reversed(passed))
+        if taken:
+            self._wake_senders()
+        return taken
 
     def take(self) -> T | None:
         """The oldest message, or ``None`` when the mailbox is empty."""

@@ -359,6 +359,10 @@ class SessionActor:
     async def _on_read(self, message: ReadContext) -> None:
         if message.reply.abandoned:
             return  # the caller gave up before its turn: a read changes nothing
+        # After the append in flight: a read queued among adds (which joined that append, add_batch.py)
+        # is answered once they are stored, at most one commit later; and a stream of reads answered
+        # from memory never keeps the store's thread from committing (it needs the GIL too).
+        await self._settle_append()
         await self._lease.ensure_valid()  # memory may be stale if another process took the session over
         evicted_through = self._window.evicted_through
         if message.wait_for_summary and evicted_through is not None:

@@ -8,9 +8,13 @@ an add, the adds right behind it in the mailbox join it, up to a bound: one
 transaction stores them all, in mailbox order, and each caller gets exactly the
 episodes it sent (with their seqs) once that transaction has committed.
 
-Only adds that are next in the mailbox join: a read, delete, clear or close
-between two adds stays between them, so no message overtakes another and a read
-is never starved by a stream of adds.
+Adds join across the reads queued between them: a read is answered from
+memory, which holds only acknowledged adds, so a read answered while the batch
+is in flight sees none of it, whether it was queued before or after those adds
+(each of them was still unacknowledged). The reads stay in the mailbox and are
+answered at their turn, right after the batch was submitted, instead of
+waiting behind each add's commit. A delete, clear or close ends the batch: an
+add queued after one is never stored before it.
 """
 
 from __future__ import annotations
@@ -19,15 +23,17 @@ from collections.abc import Iterator
 
 import attrs
 
-from ..actor.mailbox import Mailbox
+from ..actor.mailbox import Ahead, Mailbox
 from ..episode import Episode
 from ..store.base import AppendResult
-from .messages import AddEpisodes, SessionMessage
+from .messages import AddEpisodes, ReadContext, SessionMessage
 
 #: The most episodes one batch of adds takes (a single larger add goes alone).
 MAX_BATCH_EPISODES = 500
 #: The most characters of content one batch of adds takes (a single larger add goes alone).
 MAX_BATCH_CHARS = 1_000_000
+#: The most queued messages looked at for adds to join a batch.
+MAX_LOOK_AHEAD = 1000
 
 
 @attrs.define
@@ -38,18 +44,24 @@ class AddBatch:
 
     @classmethod
     def gather(cls, first: AddEpisodes, mailbox: Mailbox[SessionMessage]) -> AddBatch:
-        """``first``, and the adds right behind it in ``mailbox`` (taken out of it) while within the bounds."""
-        messages = [first]
+        """``first``, and the adds queued behind it (taken out of the mailbox) while within the bounds.
+
+        Reads are passed over (they stay where they are); any other message ends the batch.
+        """
         episodes = len(first.episodes)
         chars = _chars(first)
-        while isinstance(following := mailbox.peek(), AddEpisodes):
-            episodes += len(following.episodes)
-            chars += _chars(following)
-            if episodes > MAX_BATCH_EPISODES or chars > MAX_BATCH_CHARS:
-                break
-            mailbox.take()
-            messages.append(following)
-        return cls(messages)
+
+        def decide(message: SessionMessage) -> Ahead:
+            nonlocal episodes, chars
+            if isinstance(message, ReadContext):
+                return Ahead.PASS
+            if not isinstance(message, AddEpisodes):
+                return Ahead.STOP
+            episodes += len(message.episodes)
+            chars += _chars(message)
+            return Ahead.STOP if episodes > MAX_BATCH_EPISODES or chars > MAX_BATCH_CHARS else Ahead.TAKE
+
+        return cls([first, *mailbox.take_ahead(decide, MAX_LOOK_AHEAD)])  # type: ignore[list-item]
 
     @property
     def episodes(self) -> tuple[Episode, ...]:

@@ -208,6 +208,15 @@ class GroupCommitStore:
         """Replace the write connection, which was lost (in the worker thread, outside a transaction)."""
         raise NotImplementedError
 
+    async def _side_work(self) -> None:
+        """Work of the backend's own beside the committer, while the store serves (cancelled at close)."""
+
+    def _close_side_work(self) -> None:
+        """Close what :meth:`_side_work` used (in a thread, after it was cancelled)."""
+
+    def _committed(self) -> None:
+        """A transaction committed (called on the event loop)."""
+
     def _new_liveness(self) -> Any:
         """This engine's liveness lock (store/liveness.py), not yet held; None where there is none."""
         return None
@@ -353,6 +362,7 @@ class GroupCommitStore:
                         log.exception("a store transaction failed unexpectedly")
                         await anyio.to_thread.run_sync(self._abandon, batch, exc, limiter=self._thread_slot)
                     in_flight = []
+                    self._committed()
                     for submission in batch:
                         self._finish(submission)
         finally:
@@ -636,18 +646,26 @@ class GroupCommitStore:
             await anyio.to_thread.run_sync(prepare)
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._run_committer)
+                side = anyio.CancelScope()
+                tasks.start_soon(self._run_side_work, side)
                 try:
                     yield
                 finally:
                     finished = await self.aclose()
+                    side.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._close_side_work)
                 if finished:
                     await anyio.to_thread.run_sync(self._conn.close)
                 if self._reader is not None:
                     await anyio.to_thread.run_sync(self._close_reader, limiter=self._reader_slot)
                 if self._liveness is not None:
                     await anyio.to_thread.run_sync(self._liveness.release, limiter=self._liveness_slot)
+
+    async def _run_side_work(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            await self._side_work()
 
     def _close_reader(self) -> None:
         # After a read still running has returned (it was interrupted); one that does not is left

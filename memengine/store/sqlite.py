@@ -29,6 +29,7 @@ from .committer import GroupCommitStore, Operation, log
 from .dialect import Db, sqlite_dialect
 from .liveness import FileLiveness
 from .open_errors import driver_error, sqlite_open_failed
+from .sqlite_checkpoints import Checkpointer
 from .sqlite_schema import migrate
 
 RECALL_INDEX_EVERY = 2000
@@ -49,7 +50,20 @@ class SQLiteStore(GroupCommitStore):
     ) -> None:
         super().__init__(conn, sqlite_dialect(), owner, reader)
         self._path: str | None = None  # the file, for the liveness lock beside it
+        self._checkpointer: Checkpointer | None = None  # for a file (not ":memory:")
         self._unindexed = 0  # about how many episodes wait for recall's index (as this process saw them)
+
+    async def _side_work(self) -> None:
+        if self._checkpointer is not None:
+            await self._checkpointer.run()
+
+    def _close_side_work(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+
+    def _committed(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.committed()
 
     def _new_liveness(self) -> FileLiveness | None:
         return None if self._path is None else FileLiveness.beside(self._path)
@@ -198,6 +212,11 @@ async def open_sqlite_store(
                 reader = _connect(path)
                 reader.execute("PRAGMA query_only = ON")
                 store._reader = reader
+                # Checkpoints run beside the commits, not in them (sqlite_checkpoints.py).
+                checkpointer = Checkpointer(path)
+                checkpointer.open()
+                store._checkpointer = checkpointer
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
         except (sqlite3.Error, StoreError) as exc:
             raise sqlite_open_failed(path, exc) from driver_error(exc)
 

@@ -1,0 +1,45 @@
+"""SQLite's WAL is checkpointed beside the commits (store/sqlite_checkpoints.py), so the log stays small.
+
+The writer connection does not checkpoint; if nothing else did, the log would
+hold every page written since the store opened. Observed from outside: the
+``-wal`` file's size, and that the database file itself holds the rows.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+import anyio
+import pytest
+
+from memengine import Episode, SessionConfig, open_engine
+from memengine.store.sqlite_checkpoints import CHECKPOINT_DELAY
+
+pytestmark = pytest.mark.anyio
+
+CHUNKS = 8
+PER_CHUNK = 100
+TEXT = "word " * 400  # 2,000 characters
+
+
+async def test_the_wal_is_copied_back_while_the_engine_runs(db_path) -> None:
+    wal = f"{db_path}-wal"
+    sizes = []
+    config = SessionConfig(max_episodes=10_000, passivate_after=None)
+    async with open_engine(db_path, config=config) as engine:
+        session = engine.session("s")
+        for chunk in range(CHUNKS):
+            await session.add([Episode("user", f"{chunk} {n} {TEXT}") for n in range(PER_CHUNK)])
+            await anyio.sleep(CHECKPOINT_DELAY * 3)  # the checkpoint after this commit has run
+            sizes.append(os.stat(wal).st_size)
+        # The rows are in the database file itself, not only in the log: a reader that
+        # ignores the log (immutable) sees every one of them.
+        immutable = sqlite3.connect(f"file:{db_path}?immutable=1", uri=True)
+        try:
+            (in_file,) = immutable.execute("SELECT count(*) FROM episodes").fetchone()
+        finally:
+            immutable.close()
+    assert in_file == CHUNKS * PER_CHUNK
+    # The log is started over once copied back: it stays about one chunk's size, not all of them.
+    assert max(sizes) < 3 * sizes[0], sizes
