@@ -1,10 +1,10 @@
 # Vendored from the OpenAI Agents SDK, openai-agents 0.24.0 (the PyPI sdist),
-# tests/memory/test_session.py, MIT License, Copyright (c) 2025 OpenAI: see tests/agents_sdk/LICENSE.
+# tests/memory/test_session.py, MIT License, Copyright (c) 2025 OpenAI: see tests/agents_sdk/vendored/LICENSE.
 # Changed only so that it runs here, against memengine: the SDK's SQLiteSession is
-# tests.agents_sdk.shim.SQLiteSession (a MemEngineSession on the test's engine),
-# its helpers come from tests/agents_sdk, and `pytest.mark.asyncio` is
+# tests.agents_sdk.vendored.shim.SQLiteSession (a MemEngineSession on the test's engine),
+# its helpers come from tests/agents_sdk/vendored, and `pytest.mark.asyncio` is
 # `pytest.mark.anyio` (asyncio only; see conftest.py). Tests that cannot apply to
-# memengine are skipped by tests/agents_sdk/conftest.py, each with its reason.
+# memengine are skipped by tests/agents_sdk/vendored/conftest.py, each with its reason.
 """Tests for session memory functionality."""
 
 import asyncio
@@ -19,8 +19,8 @@ import pytest
 from agents import Agent, RunConfig, Runner, SessionSettings, TResponseInputItem
 from agents.memory.sqlite_session import _await_mutation
 from agents.testing import ScriptedModel
-from tests.agents_sdk.responses import get_text_message
-from tests.agents_sdk.shim import SQLiteSession
+from tests.agents_sdk.vendored.responses import get_text_message
+from tests.agents_sdk.vendored.shim import SQLiteSession
 
 
 @pytest.mark.anyio
