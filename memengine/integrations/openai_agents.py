@@ -64,8 +64,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "memengine.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'memengine[agents]'"
     ) from exc
 
+from .. import rendering
 from ..episode import Episode
 from ..limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS
+from ..rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY
 from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
 
 if TYPE_CHECKING:
@@ -76,13 +78,13 @@ if TYPE_CHECKING:
 __all__ = ["FAKE_ITEM_ID", "ITEM_IN_CONTENT_KEY", "ITEM_KEY", "SUMMARY_PREFIX", "MemEngineSession"]
 
 #: Episode metadata key: the SDK item, exactly as it was added.
-ITEM_KEY = "openai_agents.item"
+ITEM_KEY = AGENTS_ITEM_KEY
 #: Episode metadata key: true when the item was too large for metadata and is the episode's content, as JSON.
-ITEM_IN_CONTENT_KEY = "openai_agents.item_in_content"
+ITEM_IN_CONTENT_KEY = AGENTS_ITEM_IN_CONTENT_KEY
 #: The placeholder id the SDK gives items from models that report none (Chat Completions, LiteLLM).
 FAKE_ITEM_ID = "__fake_id__"
 #: How the summary message that ``get_items()`` puts first begins.
-SUMMARY_PREFIX = "Summary of the conversation so far:\n"
+SUMMARY_PREFIX = rendering.SUMMARY_PREFIX
 
 _ID_PREFIX = "openai-agents:"
 # Room left in an episode id for the digest and separators; a longer item id is digested whole.
