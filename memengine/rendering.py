@@ -299,7 +299,9 @@ def _chat_parts(message: dict[str, Any]) -> list[_Part]:
     parts: list[_Part] = [_Text(role, _text_of(message.get("content")))]
     for tool_call in message.get("tool_calls") or []:
         if isinstance(tool_call, dict) and isinstance(tool_call.get("id"), str):
-            function = tool_call.get("function") if isinstance(tool_call.get("function"), dict) else {}
+            function = tool_call.get("function")
+            if not isinstance(function, dict):
+                function = {}
             parts.append(
                 _Call(tool_call["id"], str(function.get("name", "tool")), _arguments(function.get("arguments")))
             )
