@@ -350,3 +350,11 @@ def _text(item: Any) -> str:
     if isinstance(content, list):
         return "".join(part.get("text", "") for part in content)
     return content
+
+
+def test_import_memengine_does_not_import_the_sdk() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, memengine; assert 'agents' not in sys.modules, 'memengine imported the SDK'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
