@@ -172,7 +172,8 @@ async def test_twelve_tool_turns_in_a_small_window_never_orphan_a_call_and_bring
 
     model = ScriptedModel()
     agent = Agent(name="assistant", model=model, tools=[lookup])
-    config = SessionConfig(max_episodes=6, max_chars=100_000)
+    # evict_to=1.0: every add evicts just what overflows, so the window's edge passes every position in a turn.
+    config = SessionConfig(max_episodes=6, max_chars=100_000, evict_to=1.0)
     async with open_engine(tmp_path / "m.db", config=config) as engine:
         session = MemEngineSession(engine, "alice")
         for turn in range(1, 13):
