@@ -195,7 +195,7 @@ class MemEngineSession:
         if not isinstance(item, Mapping):
             raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
         try:
-            encoded = json.dumps(item, allow_nan=False, ensure_ascii=False, sort_keys=True)
+            encoded = json.dumps(item, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a session item must be JSON: {exc}") from None
         exact = json.loads(encoded)
@@ -216,7 +216,8 @@ class MemEngineSession:
         else:
             metadata[ITEM_IN_CONTENT_KEY] = True
             content = encoded
-        episode_id = _episode_id(exact, encoded)
+        # Keys sorted for the digest, so that a retry that builds its dicts in another order is the same item.
+        episode_id = _episode_id(exact, json.dumps(exact, ensure_ascii=False, sort_keys=True))
         if episode_id is None:
             return Episode(role, content, metadata=metadata)
         return Episode(role, content, id=episode_id, metadata=metadata)

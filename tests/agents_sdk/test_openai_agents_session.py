@@ -118,8 +118,11 @@ async def test_a_retried_add_stores_items_with_ids_once_and_items_without_ids_ag
     async with open_engine(tmp_path / "m.db", config=BIG) as engine:
         session = MemEngineSession(engine, "s")
         await session.add_items([*with_ids, without_id])
-        await session.add_items([*with_ids, without_id])  # the retry after a timeout
-        assert await session.get_items() == [*with_ids, without_id, without_id]
+        reordered = [dict(reversed(item.items())) for item in with_ids]  # the same items, built in another order
+        await session.add_items([*reordered, without_id])  # the retry after a timeout
+        stored = await session.get_items()
+    assert stored == [*with_ids, without_id, without_id]
+    assert [list(item) for item in stored[:3]] == [list(item) for item in with_ids]  # keys in their order
 
 
 async def test_different_items_that_share_an_id_are_all_kept(tmp_path: Path) -> None:
