@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
 
-def _positive_int(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"SessionConfig.{attribute.name} must be an int, not {type(value).__name__}")
     if value < 1:
         raise ValueError(f"SessionConfig.{attribute.name} must be at least 1, got {value}")
 
 
-def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+def _positive_seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"SessionConfig.{attribute.name} must be a number of seconds, not {type(value).__name__}")
     if not value > 0 or value == float("inf"):
         raise ValueError(f"SessionConfig.{attribute.name} must be a positive, finite number of seconds, got {value}")
 
 
-def _non_negative_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+def _non_negative_seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or value != 0:
         _positive_seconds(instance, attribute, value)
 
@@ -38,12 +39,12 @@ def _fraction(instance: object, attribute: attrs.Attribute[float], value: object
         raise ValueError(f"SessionConfig.{attribute.name} must be more than 0 and at most 1, got {value}")
 
 
-def _optional_callable(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _optional_callable(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"SessionConfig.{attribute.name} must be a callable (str -> int) or None, not {value!r}")
 
 
-def _optional_seconds(instance: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+def _optional_seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         _positive_seconds(instance, attribute, value)
 

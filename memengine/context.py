@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
+from . import rendering
 from .episode import Episode
 
 
@@ -27,3 +30,27 @@ class Context:
     episodes: tuple[Episode, ...]
     evicted_through: int
     tokens: int = 0
+
+    def to_openai_chat(self) -> list[dict[str, Any]]:
+        """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes.
+
+        A valid request prefix: every tool result follows its call. See :mod:`memengine.rendering`.
+        """
+        return rendering.to_openai_chat(self)
+
+    def to_openai_responses(self) -> list[dict[str, Any]]:
+        """OpenAI Responses ``input`` items: the summary as the first ``system`` message, then the episodes.
+
+        A valid request prefix: every ``function_call_output`` follows its call. See :mod:`memengine.rendering`.
+        """
+        return rendering.to_openai_responses(self)
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """Anthropic Messages arguments ``{"system": ..., "messages": [...]}``, the summary in ``system``.
+
+        ``client.messages.create(model=..., max_tokens=..., **context.to_anthropic())``
+        after appending the new user turn to ``messages``. A valid request
+        prefix: every ``tool_result`` is in the user message right after its
+        ``tool_use``. See :mod:`memengine.rendering`.
+        """
+        return rendering.to_anthropic(self)

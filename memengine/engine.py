@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -504,4 +505,4 @@ def _retain_mode(sink: object) -> RetainMode:
     mode = getattr(sink, "mode", "append")
     if mode not in ("append", "replace"):
         raise ValueError(f"retain_sink.mode must be 'append' or 'replace', not {mode!r}")
-    return mode  # type: ignore[no-any-return]
+    return cast(RetainMode, mode)

@@ -91,7 +91,7 @@ def _same_types(copy: object, original: object) -> bool:
     if isinstance(copy, dict):
         return all(isinstance(k, str) and _same_types(copy[k], original[k]) for k in copy)  # type: ignore[index]
     if isinstance(copy, list):
-        return all(_same_types(c, o) for c, o in zip(copy, original, strict=True))  # type: ignore[arg-type]
+        return all(_same_types(c, o) for c, o in zip(copy, original, strict=True))  # type: ignore[call-overload]
     return True
 
 

@@ -72,7 +72,7 @@ dict under its ``"message"``, ``"item"`` or ``"raw"`` key (nothing deeper):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -186,7 +186,7 @@ def _checked_ids(what: str, call_ids: Iterable[object]) -> list[str]:
     return checked
 
 
-def _is_id(value: object) -> bool:
+def _is_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(value.strip())
 
 

@@ -312,7 +312,7 @@ class GroupCommitStore:
                     with self._read_lock_state:
                         self._running_read = None
                         left_behind = self._reader_left_behind
-                    if left_behind:  # the store closed without it: the connection is this thread's to close
+                    if left_behind and self._reader is not None:  # the store closed without it: ours to close
                         with contextlib.suppress(Exception):
                             self._reader.close()
             raise AssertionError("unreachable")
@@ -532,7 +532,7 @@ class GroupCommitStore:
         stored id, the run is undone and each append takes the row-by-row
         path, which checks its own lease and skips stored ids.
         """
-        rows = []
+        rows: list[Any] = []
         first_appends = []
         held = []
         for submission in run:
@@ -606,6 +606,7 @@ class GroupCommitStore:
                 if self._reads_in_flight:
                     # Nothing waits for a read once the store closes; one stuck on a lock must not hold it open.
                     self._interrupt_reads()
+        raise AssertionError("unreachable: a shielded scope nobody cancels swallows nothing")
 
     async def _finish_or_interrupt(self, grace: float) -> bool:
         with anyio.CancelScope(shield=True):
@@ -632,6 +633,7 @@ class GroupCommitStore:
             self._committer_scope.cancel()  # abandons the thread, if it is still running
             await self._committer_done.wait()
             return not left_behind
+        raise AssertionError("unreachable: a shielded scope nobody cancels swallows nothing")
 
     @asynccontextmanager
     async def serving(self, prepare: Callable[[], object]) -> AsyncIterator[None]:
@@ -678,7 +680,8 @@ class GroupCommitStore:
                 return
         try:
             with contextlib.suppress(Exception):
-                self._reader.close()
+                if self._reader is not None:
+                    self._reader.close()
         finally:
             self._read_lock.release()
 

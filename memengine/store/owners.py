@@ -59,6 +59,18 @@ class Liveness(Protocol):
     incarnation: str
     lock_key: int
 
+    def hold(self) -> None:
+        """Take this engine's lock (blocking; in a thread)."""
+        ...
+
+    def check(self) -> bool:
+        """Whether the lock was held all along; if it was lost, take it again (False). Blocking."""
+        ...
+
+    def release(self) -> None:
+        """Give the lock up (the engine has left)."""
+        ...
+
     def alive(self, db: Db, incarnations: Sequence[tuple[str, int]]) -> set[str]:
         """Which of ``(incarnation, lock_key)`` still hold their lock (in a transaction of ``db``)."""
         ...

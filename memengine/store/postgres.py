@@ -72,12 +72,12 @@ class PostgresStore(GroupCommitStore):
         return _connect(self._url)
 
     def _reader_connection(self) -> Any:
-        if self._reader.closed or self._reader.broken:
+        if self._reader is None or self._reader.closed or self._reader.broken:
             self._reader = self._new_connection()
         return self._reader
 
     def _reader_lost(self) -> bool:
-        return bool(self._reader.closed or self._reader.broken)
+        return self._reader is None or bool(self._reader.closed or self._reader.broken)
 
     def _reconnect(self) -> None:
         old, self._conn = self._conn, self._new_connection()

@@ -96,7 +96,7 @@ def connection_arguments(url: str) -> tuple[str, int | None]:
             parameters[name] = value
     options = str(parameters["options"]) if "options" in parameters else os.environ.get("PGOPTIONS", "")
     parameters["options"] = with_settings(options, DEFAULT_SETTINGS)
-    return make_conninfo(**parameters), prepare_threshold
+    return make_conninfo("", **parameters), prepare_threshold
 
 
 def pinned(url: str, schema: str) -> str:

@@ -50,6 +50,7 @@ def search(
     words = query_words(query)
     if not words:
         return []
+    params: tuple[object, ...]
     if session_id is None:
         in_session, params = "", (words, limit)
     else:

@@ -90,6 +90,7 @@ def search(
     expression = match_expression(query)
     if expression is None:
         return []
+    params: tuple[object, ...]
     if session_id is None:
         in_session, params = "", (expression, limit)
     else:

@@ -6,7 +6,7 @@ Needs the ``openai`` package: ``pip install 'memengine[openai]'``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from ..episode import Episode
@@ -72,7 +72,7 @@ class OpenAISummarizer:
     async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
         response = await self.client.chat.completions.create(
             model=self.model,
-            messages=self.messages(previous, episodes),
+            messages=cast(Any, self.messages(previous, episodes)),  # the client's TypedDicts, as plain dicts
             temperature=self.temperature,
         )
         content = response.choices[0].message.content

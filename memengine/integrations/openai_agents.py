@@ -1,0 +1,293 @@
+"""memengine as the session memory of the OpenAI Agents SDK (``pip install 'memengine[agents]'``).
+
+:class:`MemEngineSession` implements the SDK's ``Session`` protocol, so
+``Runner.run(agent, input, session=MemEngineSession(engine, "alice"))`` reads
+the conversation from a memengine session and writes each turn to it. The
+session keeps memengine's window and rolling summary: history never grows
+without bound, and the window never separates a tool call from its output.
+
+How items are stored
+====================
+
+Each SDK item (a ``TResponseInputItem``: a message, a ``function_call``, a
+``function_call_output``, a reasoning item, or any type this module does not
+know) is one episode. Its role is the item's ``role``, else its ``type``. Its
+content is the item's readable text (a message's text, a call's name and
+arguments, a tool's output), which is what the summarizer and
+:meth:`~memengine.Engine.recall` read. The item itself is kept, exactly, in the
+episode's metadata under :data:`ITEM_KEY`; an item larger than
+``SessionConfig.max_metadata_bytes`` is kept as JSON in the content instead
+(:data:`ITEM_IN_CONTENT_KEY` says so). Either way ``get_items()`` returns
+what was added, JSON-equal. The tool call ids an item makes or answers are
+written with memengine's own keys (:data:`memengine.tool_calls.CALLS_KEY`,
+:data:`~memengine.tool_calls.RESULT_OF_KEY`), so the window evicts a call and
+its output together.
+
+Episode ids, and retries
+========================
+
+An item with an ``id`` (every item the Responses API returns has one) is
+stored under an episode id made of that id and a digest of the whole item: an
+``add_items`` retried after a timeout stores nothing twice, while two
+different items that share an id (models behind the Chat Completions API all
+report the SDK's placeholder ``__fake_id__``; test models repeat theirs) are
+both kept. An item without an id (the user's input, usually; a tool's output),
+or with the placeholder id, gets a fresh episode id: retrying ``add_items``
+may store it again, exactly as with the SDK's own stores.
+
+Threads and event loops
+=======================
+
+The SDK runs on asyncio only, so this adapter is asyncio-only; the engine
+itself may run on asyncio or trio. Without ``portal``, every call must come
+from the event loop that runs the engine (``Runner.run`` and
+``Runner.run_streamed`` inside ``async with open_engine(...)``).
+``Runner.run_sync`` runs the agent on an event loop of its own, which cannot
+be the engine's (the engine's loop must be running all along, ``run_sync``'s
+is not); run the engine in a portal instead
+(``anyio.from_thread.start_blocking_portal()``, or an ``anyio.from_thread.BlockingPortal``
+opened in the engine's loop) and pass it as ``portal``: every call is then sent
+to the engine's thread, from whichever thread or loop it is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+try:
+    from agents.memory.session_settings import SessionSettings, coerce_session_settings
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "memengine.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'memengine[agents]'"
+    ) from exc
+
+from .. import rendering
+from ..episode import Episode
+from ..limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS
+from ..rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY
+from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
+
+if TYPE_CHECKING:
+    from anyio.from_thread import BlockingPortal
+
+    from ..engine import Engine
+
+__all__ = ["FAKE_ITEM_ID", "ITEM_IN_CONTENT_KEY", "ITEM_KEY", "SUMMARY_PREFIX", "MemEngineSession"]
+
+#: Episode metadata key: the SDK item, exactly as it was added.
+ITEM_KEY = AGENTS_ITEM_KEY
+#: Episode metadata key: true when the item was too large for metadata and is the episode's content, as JSON.
+ITEM_IN_CONTENT_KEY = AGENTS_ITEM_IN_CONTENT_KEY
+#: The placeholder id the SDK gives items from models that report none (Chat Completions, LiteLLM).
+FAKE_ITEM_ID = "__fake_id__"
+#: How the summary message that ``get_items()`` puts first begins.
+SUMMARY_PREFIX = rendering.SUMMARY_PREFIX
+
+_ID_PREFIX = "openai-agents:"
+# Room left in an episode id for the digest and separators; a longer item id is digested whole.
+_MAX_ITEM_ID_BYTES = MAX_EPISODE_ID_BYTES - 128
+
+T = TypeVar("T")
+
+
+class MemEngineSession:
+    """An OpenAI Agents SDK ``Session`` kept in a memengine session.
+
+    ``engine`` comes from :func:`memengine.open_engine`; ``session_id`` names
+    the memengine session (the same rules as :meth:`Engine.session`).
+    ``session_settings`` (a ``SessionSettings`` or a dict of its fields;
+    default ``SessionSettings()``, no limit) is what the SDK reads, for example the default ``limit`` of
+    :meth:`get_items`. ``portal`` lets the session be used from other threads
+    and event loops, ``Runner.run_sync`` included (see the module docstring).
+
+    Every method is a checkpoint with memengine's cancellation semantics: a
+    call cancelled while waiting for its answer stops waiting, and the
+    session still carries it out.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        session_id: str,
+        *,
+        session_settings: SessionSettings | Mapping[str, Any] | None = None,
+        portal: BlockingPortal | None = None,
+    ) -> None:
+        self._session = engine.session(session_id)
+        self._config = engine.config
+        self._portal = portal
+        self.session_id = session_id
+        if isinstance(session_settings, Mapping):
+            session_settings = dict(session_settings)
+        self.session_settings: SessionSettings = coerce_session_settings(session_settings or SessionSettings())
+
+    def __repr__(self) -> str:
+        return f"<MemEngineSession {self.session_id!r}>"
+
+    async def get_items(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The conversation as the model should see it: the summary message, then the raw items.
+
+        When the session has a summary (of items that left memengine's window),
+        it comes first as one ``{"role": "system", "content": ...}`` message
+        beginning with :data:`SUMMARY_PREFIX`; the raw items follow in order,
+        exactly as they were added, never a tool call without its output or an
+        output without its call. ``limit`` (else ``session_settings.limit``)
+        returns only the latest ``limit`` raw items, in order and without the
+        summary, as the SDK documents it; ``0`` returns nothing.
+        """
+        if limit is None:
+            limit = self.session_settings.limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
+        context = await self._call(self._session.context)
+        if limit is not None:
+            if limit <= 0:
+                return []
+            return [_item_of(episode) for episode in context.episodes[-limit:]]
+        items = [_item_of(episode) for episode in context.episodes]
+        if context.summary is not None:
+            items.insert(0, {"role": "system", "content": SUMMARY_PREFIX + context.summary})
+        return items
+
+    async def add_items(self, items: list[Any]) -> None:
+        """Store the items at the end of the session, in order; return when they are committed.
+
+        Every item must be JSON (dicts with str keys, lists, str, numbers, bool
+        and None), as the SDK's items are. A retried call stores no item with
+        an ``id`` twice (see the module docstring). A rejected argument stores
+        nothing.
+        """
+        if isinstance(items, Mapping) or isinstance(items, str | bytes):
+            raise TypeError(f"add_items() takes a list of items, not {type(items).__name__}")
+        episodes = [self._episode_of(item) for item in items]
+        if episodes:
+            await self._call(self._session.add, episodes)
+
+    async def pop_item(self) -> dict[str, Any] | None:
+        """Remove the newest item durably and return it; ``None`` when there is none.
+
+        Only raw items are popped, never the summary. Two concurrent pops
+        return two different items.
+        """
+        while True:
+            context = await self._call(self._session.context)
+            if not context.episodes:
+                return None
+            newest = context.episodes[-1]
+            assert newest.seq is not None
+            if await self._call(self._session.delete_episodes, [newest.seq]):
+                return _item_of(newest)
+            # Someone else deleted it between our read and our delete: take the next newest.
+
+    async def clear_session(self) -> None:
+        """Remove every item and the summary, in memory and in the store.
+
+        With memengine's guarantees: no summary of the removed items is ever
+        readable again (not even one being computed right now), recall finds
+        none of them, and none of them is handed to the retain sink afterwards.
+        """
+        await self._call(self._session.clear)
+
+    def _episode_of(self, item: object) -> Episode:
+        if not isinstance(item, Mapping):
+            raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
+        try:
+            encoded = json.dumps(item, allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"a session item must be JSON: {exc}") from None
+        exact = json.loads(encoded)
+        links = tool_links({"item": exact})
+        metadata: dict[str, Any] = {}
+        if links.calls:
+            metadata[CALLS_KEY] = list(links.calls)
+        if links.results:
+            metadata[RESULT_OF_KEY] = list(links.results)
+        role = _role_of(exact)
+        text = _readable_text(exact)
+        if (
+            len(json.dumps({**metadata, ITEM_KEY: exact}, ensure_ascii=False).encode())
+            <= self._config.max_metadata_bytes
+        ):
+            metadata[ITEM_KEY] = exact
+            content = text if text.strip() and "\x00" not in text else encoded
+        else:
+            metadata[ITEM_IN_CONTENT_KEY] = True
+            content = encoded
+        # Keys sorted for the digest, so that a retry that builds its dicts in another order is the same item.
+        episode_id = _episode_id(exact, json.dumps(exact, ensure_ascii=False, sort_keys=True))
+        if episode_id is None:
+            return Episode(role, content, metadata=metadata)
+        return Episode(role, content, id=episode_id, metadata=metadata)
+
+    async def _call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self._portal is not None:
+            try:
+                future = self._portal.start_task_soon(method, *args)
+            except RuntimeError:
+                pass  # called on the portal's own event loop: call directly
+            else:
+                import asyncio  # the SDK, hence this adapter, is asyncio-only
+
+                return await asyncio.wrap_future(future)
+        return await method(*args)
+
+
+def _item_of(episode: Episode) -> dict[str, Any]:
+    item = episode.metadata.get(ITEM_KEY)
+    if isinstance(item, dict):
+        return item
+    if episode.metadata.get(ITEM_IN_CONTENT_KEY):
+        return json.loads(episode.content)
+    # An episode some other writer added to this session: show it as a plain message.
+    return {"role": episode.role, "content": episode.content}
+
+
+def _role_of(item: dict[str, Any]) -> str:
+    role = item.get("role")
+    if not (isinstance(role, str) and role.strip() and "\x00" not in role):
+        kind = item.get("type")
+        role = kind if isinstance(kind, str) and kind.strip() and "\x00" not in kind else "item"
+    return role[:MAX_ROLE_CHARS]
+
+
+def _readable_text(item: dict[str, Any]) -> str:
+    """What a reader (the summarizer, recall) should see of an item: its words, not its JSON."""
+    kind = item.get("type")
+    if "role" in item and kind in (None, "message"):
+        return _text_of(item.get("content"))
+    if kind == "function_call":
+        return f"{item.get('name', '')}({item.get('arguments', '')})"
+    if isinstance(kind, str) and kind.endswith("_call_output"):
+        return _text_of(item.get("output"))
+    if kind == "reasoning":
+        return _text_of(item.get("summary"))
+    return ""
+
+
+def _text_of(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict):
+                text = part.get("text", part.get("refusal"))
+                if isinstance(text, str):
+                    parts.append(text)
+        return "\n".join(parts)
+    return ""
+
+
+def _episode_id(item: dict[str, Any], encoded: str) -> str | None:
+    item_id = item.get("id")
+    if not isinstance(item_id, str) or not item_id.strip() or item_id == FAKE_ITEM_ID:
+        return None
+    digest = hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    if len(item_id.encode("utf-8", "surrogatepass")) > _MAX_ITEM_ID_BYTES or "\x00" in item_id:
+        item_id = hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{_ID_PREFIX}{item_id}:{digest}"

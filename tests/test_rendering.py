@@ -1,0 +1,269 @@
+"""Context rendering: each provider's request shape, a valid prefix, the summary where the provider wants it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from memengine import Context, Episode, SessionConfig, open_engine
+from memengine.rendering import SUMMARY_PREFIX
+from memengine.tool_calls import answering, calling
+
+
+def context(*episodes: Episode, summary: str | None = None) -> Context:
+    return Context("s", summary, 3 if summary else 0, tuple(episodes), 0)
+
+
+def assert_valid_chat(messages: list[dict[str, Any]]) -> None:
+    """OpenAI Chat: tool messages answer the assistant message right before them, and every earlier call is answered."""
+    open_calls: list[str] = []
+    for index, message in enumerate(messages):
+        assert message["role"] in {"system", "developer", "user", "assistant", "tool"}
+        if message["role"] == "tool":
+            assert message["tool_call_id"] in open_calls, f"orphaned tool message at {index}: {messages}"
+            open_calls.remove(message["tool_call_id"])
+            continue
+        assert not open_calls, f"calls {open_calls} unanswered before message {index}: {messages}"
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            open_calls = [call["id"] for call in message["tool_calls"]]
+            for call in message["tool_calls"]:
+                json.loads(call["function"]["arguments"])
+        else:
+            assert isinstance(message["content"], str) and message["content"]
+
+
+def assert_valid_responses(items: list[dict[str, Any]]) -> None:
+    called: set[str] = set()
+    answered: set[str] = set()
+    for item in items:
+        if item.get("type") == "function_call":
+            called.add(item["call_id"])
+        elif item.get("type") == "function_call_output":
+            assert item["call_id"] in called, f"orphaned output {item}"
+            answered.add(item["call_id"])
+        elif "role" in item:
+            assert item["role"] in {"system", "developer", "user", "assistant"}
+        else:
+            assert isinstance(item.get("type"), str)  # another Responses item (reasoning, ...)
+    trailing = {item["call_id"] for item in items[-1:] if item.get("type") == "function_call"}
+    assert called - answered <= trailing, f"unanswered calls in {items}"
+
+
+def assert_valid_anthropic(request: dict[str, Any]) -> None:
+    assert set(request) <= {"system", "messages"}
+    messages = request["messages"]
+    for index, message in enumerate(messages):
+        assert message["role"] in {"user", "assistant"}
+        assert message["content"], "an empty message"
+        if index:
+            assert message["role"] != messages[index - 1]["role"], "roles must alternate"
+        kinds = [block["type"] for block in message["content"]]
+        for block in message["content"]:
+            if block["type"] == "text":
+                assert block["text"].strip()
+        if "tool_result" in kinds:
+            assert message["role"] == "user"
+            assert kinds == sorted(kinds, key=lambda kind: kind != "tool_result"), "tool results go first"
+            previous = messages[index - 1]
+            uses = {block["id"] for block in previous["content"] if block["type"] == "tool_use"}
+            for block in message["content"]:
+                if block["type"] == "tool_result":
+                    assert block["tool_use_id"] in uses, f"orphaned tool_result in {messages}"
+        if "tool_use" in kinds and index < len(messages) - 1:
+            answered = {b.get("tool_use_id") for b in messages[index + 1]["content"] if b["type"] == "tool_result"}
+            assert {b["id"] for b in message["content"] if b["type"] == "tool_use"} <= answered
+
+
+def assert_valid_everywhere(ctx: Context) -> None:
+    assert_valid_chat(ctx.to_openai_chat())
+    assert_valid_responses(ctx.to_openai_responses())
+    assert_valid_anthropic(ctx.to_anthropic())
+
+
+AGENT_ITEMS = [
+    {"role": "user", "content": "Weather in Lisbon?"},
+    {"type": "reasoning", "id": "rs_1", "summary": []},
+    {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "weather", "arguments": '{"city": "Lisbon"}'},
+    {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}]},
+]
+
+
+def agent_episodes() -> list[Episode]:
+    return [
+        Episode(item.get("role") or item["type"], "x", metadata={"openai_agents.item": item, **_links(item)})
+        for item in AGENT_ITEMS
+    ]
+
+
+def _links(item: dict[str, Any]) -> dict[str, Any]:
+    if item.get("type") == "function_call":
+        return calling([item["call_id"]])
+    if item.get("type") == "function_call_output":
+        return answering(item["call_id"])
+    return {}
+
+
+def test_the_summary_is_system_level_text_for_every_provider() -> None:
+    ctx = context(Episode("user", "hi"), summary="Ana lives in Lisbon.")
+    system = {"role": "system", "content": SUMMARY_PREFIX + "Ana lives in Lisbon."}
+    assert ctx.to_openai_chat() == [system, {"role": "user", "content": "hi"}]
+    assert ctx.to_openai_responses() == [system, {"role": "user", "content": "hi"}]
+    assert ctx.to_anthropic() == {
+        "system": SUMMARY_PREFIX + "Ana lives in Lisbon.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+    }
+
+
+def test_without_a_summary_there_is_no_system_text() -> None:
+    ctx = context(Episode("user", "hi"), Episode("assistant", "hello"))
+    assert ctx.to_openai_chat() == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert "system" not in ctx.to_anthropic()
+    assert context().to_openai_chat() == [] and context().to_anthropic() == {"messages": []}
+
+
+def test_agents_sdk_items_go_to_responses_as_they_are_and_to_others_converted() -> None:
+    ctx = context(*agent_episodes())
+    assert ctx.to_openai_responses() == AGENT_ITEMS
+    assert ctx.to_openai_chat() == [
+        {"role": "user", "content": "Weather in Lisbon?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Lisbon"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+    assert ctx.to_anthropic() == {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Lisbon?"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Lisbon"}}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Sunny."}]},
+        ]
+    }
+    assert_valid_everywhere(ctx)
+
+
+def test_chat_messages_pass_through_to_chat_and_convert_elsewhere() -> None:
+    call = {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "b", "arguments": '{"n": 1}'}},
+        ],
+    }
+    results = [{"role": "tool", "tool_call_id": cid, "content": f"result {cid}"} for cid in ("c1", "c2")]
+    ctx = context(
+        Episode("user", "go"),
+        Episode("assistant", "Let me check.", metadata={"message": call}),
+        *(Episode("tool", r["content"], metadata={"message": r}) for r in results),
+    )
+    assert ctx.to_openai_chat() == [{"role": "user", "content": "go"}, call, *results]
+    assert [i.get("type") for i in ctx.to_openai_responses()] == [
+        None,
+        None,
+        "function_call",
+        "function_call",
+        "function_call_output",
+        "function_call_output",
+    ]
+    anthropic = ctx.to_anthropic()["messages"]
+    assert [block["type"] for block in anthropic[1]["content"]] == ["text", "tool_use", "tool_use"]
+    assert [block["tool_use_id"] for block in anthropic[2]["content"]] == ["c1", "c2"]
+    assert_valid_everywhere(ctx)
+
+
+def test_anthropic_messages_pass_through_to_anthropic_and_convert_elsewhere() -> None:
+    use = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "tu1", "name": "f", "input": {}}],
+    }
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": "42"}]}
+    ctx = context(
+        Episode("user", "What is it?"),
+        Episode("assistant", "Checking.", metadata={"message": use}),
+        Episode("user", "42", metadata={"message": result}),
+        Episode("user", "Thanks"),
+    )
+    assert ctx.to_anthropic()["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "What is it?"}]},
+        use,
+        {"role": "user", "content": [result["content"][0], {"type": "text", "text": "Thanks"}]},
+    ]
+    assert ctx.to_openai_chat()[2] == {"role": "tool", "tool_call_id": "tu1", "content": "42"}
+    assert_valid_everywhere(ctx)
+
+
+def test_plain_episodes_linked_by_memengine_keys_keep_their_pairing() -> None:
+    ctx = context(
+        Episode("assistant", "calling the calendar", metadata=calling(["k1"])),
+        Episode("tool", "free at 10", metadata=answering("k1")),
+        Episode("critic", "looks fine"),
+        Episode("system", "be brief"),
+    )
+    chat = ctx.to_openai_chat()
+    assert chat[0]["tool_calls"][0]["id"] == "k1" and chat[1] == {
+        "role": "tool",
+        "tool_call_id": "k1",
+        "content": "free at 10",
+    }
+    assert chat[2] == {"role": "user", "content": "looks fine"}
+    assert ctx.to_anthropic()["system"] == "be brief"
+    assert_valid_everywhere(ctx)
+
+
+def test_a_result_whose_call_cannot_be_rendered_is_left_out() -> None:
+    # A call of a type no provider shape here can carry is kept for Responses; a result never appears alone.
+    ctx = context(
+        Episode("user", "x", metadata={"item": {"type": "function_call_output", "call_id": "gone", "output": "o"}}),
+        Episode("user", "next"),
+    )
+    assert ctx.to_openai_chat() == [{"role": "user", "content": "next"}]
+    assert ctx.to_openai_responses() == [{"role": "user", "content": "next"}]
+    assert ctx.to_anthropic()["messages"] == [{"role": "user", "content": [{"type": "text", "text": "next"}]}]
+
+
+@pytest.mark.anyio
+async def test_every_read_of_a_tool_heavy_session_renders_to_a_valid_request(tmp_path) -> None:
+    config = SessionConfig(max_episodes=5, max_chars=100_000)
+    async with open_engine(tmp_path / "m.db", config=config) as engine:
+        session = engine.session("s")
+        for turn in range(12):
+            calls = [f"t{turn}c{n}" for n in range(turn % 3 + 1)]
+            call_message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}} for c in calls
+                ],
+            }
+            await session.add(
+                [
+                    Episode("user", f"question {turn}"),
+                    Episode("assistant", "calling", metadata={"message": call_message}),
+                    *(
+                        Episode(
+                            "tool",
+                            f"out {c}",
+                            metadata={"message": {"role": "tool", "tool_call_id": c, "content": f"out {c}"}},
+                        )
+                        for c in calls
+                    ),
+                    Episode("assistant", f"answer {turn}"),
+                ]
+            )
+            assert_valid_everywhere(await session.context())
+        ctx = await session.context(wait_for_summary=True)
+        assert ctx.summary is not None
+        assert ctx.to_openai_chat()[0] == {"role": "system", "content": SUMMARY_PREFIX + ctx.summary}
+        assert_valid_everywhere(ctx)
