@@ -19,7 +19,9 @@ import anyio.to_thread
 import attrs
 import pytest
 
-pytest.importorskip("hindsight_client", reason="hindsight-client is not installed (pip install 'memengine[hindsight]')")
+pytest.importorskip(
+    "hindsight_client", reason="hindsight-client is not installed (pip install 'agent-memengine[hindsight]')"
+)
 
 from hindsight_client import Hindsight, RetainResponse
 from hindsight_client_api.exceptions import ApiException

@@ -106,7 +106,7 @@ def run(options: argparse.Namespace) -> int:
         print(f"memengine demo: cannot use {db}: {problem}", file=sys.stderr)
         return exit_status.STORE_UNUSABLE
     if options.backend == "trio" and importlib.util.find_spec("trio") is None:
-        print("memengine demo: the trio backend needs trio: pip install 'memengine[trio]'", file=sys.stderr)
+        print("memengine demo: the trio backend needs trio: pip install 'agent-memengine[trio]'", file=sys.stderr)
         return exit_status.USAGE
     sample = load_sample_conversation()
     plan = DemoPlan(

@@ -1,4 +1,4 @@
-"""memengine as the session memory of the OpenAI Agents SDK (``pip install 'memengine[agents]'``).
+"""memengine as the session memory of the OpenAI Agents SDK (``pip install 'agent-memengine[agents]'``).
 
 :class:`MemEngineSession` implements the SDK's ``Session`` protocol, so
 ``Runner.run(agent, input, session=MemEngineSession(engine, "alice"))`` reads
@@ -61,7 +61,7 @@ try:
     from agents.memory.session_settings import SessionSettings, coerce_session_settings
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "memengine.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'memengine[agents]'"
+        "memengine.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'agent-memengine[agents]'"
     ) from exc
 
 from .. import rendering

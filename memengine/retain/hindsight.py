@@ -1,6 +1,6 @@
 """A retain sink that hands sessions to Hindsight (https://hindsight.vectorize.io).
 
-Needs the ``hindsight-client`` package: ``pip install 'memengine[hindsight]'``.
+Needs the ``hindsight-client`` package: ``pip install 'agent-memengine[hindsight]'``.
 
 Each session is one Hindsight document in one memory bank. A batch becomes one
 retain item: a transcript with a line per episode, ``role (time): content``,
@@ -38,7 +38,7 @@ from .batch import RetainBatch, RetainMode
 
 __all__ = ["HindsightRetainError", "HindsightSink"]
 
-_INSTALL_HINT = "HindsightSink needs the hindsight-client package: pip install 'memengine[hindsight]'"
+_INSTALL_HINT = "HindsightSink needs the hindsight-client package: pip install 'agent-memengine[hindsight]'"
 # Operation ids are UUIDv5s of bank and batch key in this namespace: the bank too,
 # because an operation id is a primary key across all banks of a server. Never
 # change it, or a batch redelivered after an upgrade would get a new id.

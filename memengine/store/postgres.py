@@ -37,7 +37,7 @@ from .postgres_schema import prepare_schema
 try:
     import psycopg
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("the PostgreSQL store needs psycopg 3: pip install 'memengine[postgres]'") from exc
+    raise ImportError("the PostgreSQL store needs psycopg 3: pip install 'agent-memengine[postgres]'") from exc
 
 log = logging.getLogger("memengine.store")
 _CANCEL_TIMEOUT = 2.0

@@ -1,6 +1,6 @@
 """An adapter for any OpenAI-compatible chat-completions endpoint.
 
-Needs the ``openai`` package: ``pip install 'memengine[openai]'``.
+Needs the ``openai`` package: ``pip install 'agent-memengine[openai]'``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ class OpenAISummarizer:
             try:
                 from openai import AsyncOpenAI
             except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise ImportError("OpenAISummarizer needs the openai package: pip install 'memengine[openai]'") from exc
+                raise ImportError(
+                    "OpenAISummarizer needs the openai package: pip install 'agent-memengine[openai]'"
+                ) from exc
             client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         self.model = model
         self.client = client

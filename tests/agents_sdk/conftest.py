@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("agents", reason="the OpenAI Agents SDK is not installed (pip install 'memengine[agents]')")
+pytest.importorskip("agents", reason="the OpenAI Agents SDK is not installed (pip install 'agent-memengine[agents]')")
 
 from agents import set_tracing_disabled
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
