@@ -53,6 +53,10 @@ class Mailbox(Generic[T]):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def empty(self) -> bool:
+        return not self._queue
+
     def has_room(self) -> bool:
         return self._from_clients < self._capacity
 

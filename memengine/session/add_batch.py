@@ -48,6 +48,8 @@ class AddBatch:
 
         Reads are passed over (they stay where they are); any other message ends the batch.
         """
+        if mailbox.empty:
+            return cls([first])  # the usual case with one writer per session: nothing to weigh
         episodes = len(first.episodes)
         chars = _chars(first)
 
@@ -65,6 +67,8 @@ class AddBatch:
 
     @property
     def episodes(self) -> tuple[Episode, ...]:
+        if len(self.messages) == 1:
+            return self.messages[0].episodes
         return tuple(episode for message in self.messages for episode in message.episodes)
 
     def split(self, results: AppendResult) -> Iterator[tuple[AddEpisodes, AppendResult]]:
