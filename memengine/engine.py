@@ -22,7 +22,7 @@ from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
 from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
-from .session.messages import ClientMessage, LeaseLost, Tick
+from .session.messages import ClientMessage, HandOver, LeaseLost, Tick
 from .session.retain_flush import RetainPlan
 from .store.base import Recalled, Store
 from .store.liveness import HEARTBEAT_SECONDS
@@ -32,6 +32,9 @@ from .summarizer.protocol import Summarizer
 from .tokens import checked
 
 log = logging.getLogger("memengine")
+
+#: How often an engine looks for sessions another process waits for (store/handover.py).
+HAND_OVER_SECONDS = 0.25
 
 
 class Engine:
@@ -186,6 +189,23 @@ class Engine:
                     self._delivery.notify()
             except Exception:
                 log.exception("could not record the retain tails of sessions no process owns")
+
+    async def _hand_over_wanted(self) -> None:
+        """Every quarter second, tell the sessions another process waits for to go once idle (store/handover.py)."""
+        while True:
+            await anyio.sleep(HAND_OVER_SECONDS)
+            if not self._actors:
+                continue
+            try:
+                wanted = await self._services.store.wanted_sessions()
+            except Exception as exc:
+                log.warning("looking for sessions other processes wait for failed (%s)", exc)
+                continue
+            for session_id in wanted:
+                actor = self._actors.get(session_id)
+                if actor is not None:
+                    with contextlib.suppress(MailboxClosed):
+                        actor.mailbox.put(HandOver())
 
     async def _watch_owners(self, resume_summaries: bool, mode: RetainMode) -> None:
         """Every second: keep this engine's liveness lock, and take on at once what dead owners left.
@@ -382,6 +402,7 @@ async def open_engine(
                                 tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)
                             tasks.start_soon(engine._renew_leases)
                             tasks.start_soon(engine._watch_owners, resume_pending_summaries, mode)
+                            tasks.start_soon(engine._hand_over_wanted)
                             try:
                                 yield engine
                             except BaseException as exc:

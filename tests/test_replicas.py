@@ -364,8 +364,16 @@ def test_a_killed_owner_is_taken_over_at_once_and_nothing_acknowledged_is_lost(s
 
 def test_a_paused_owner_cannot_write_after_its_lease_expired_and_gives_the_session_up(store_url: str) -> None:
     ttl = "1.0"
+    # lease_wait 0: once it has given the session up, its next call does not wait for the idle heir to
+    # hand the session over (store/handover.py) but reports it busy at once.
     paused = Worker(
-        store_url, "trio", "paused", "serve", MEMENGINE_TEST_LEASE_TTL=ttl, MEMENGINE_TEST_SUMMARY_DELAY="1.5"
+        store_url,
+        "trio",
+        "paused",
+        "serve",
+        MEMENGINE_TEST_LEASE_TTL=ttl,
+        MEMENGINE_TEST_SUMMARY_DELAY="1.5",
+        MEMENGINE_TEST_LEASE_WAIT="0",
     )
     heir = None
     try:

@@ -50,6 +50,7 @@ from .messages import (
     ClientMessage,
     CloseSession,
     DeleteEpisodes,
+    HandOver,
     LeaseLost,
     ReadContext,
     SessionMessage,
@@ -275,6 +276,9 @@ class SessionActor:
                 return
             case Tick():
                 self._on_tick(message)
+                return
+            case HandOver():
+                self._idle_expired = True  # passivates once nothing is in flight (_may_passivate)
                 return
             case LeaseLost():
                 self._give_up(message.error)

@@ -61,7 +61,8 @@ class SessionLease:
                         self._session_id, busy.owner, busy.expires_in, waited, locked=busy.locked
                     ) from None
                 await anyio.sleep(min(pause, left, pause if busy.locked else max(busy.expires_in, 0.0) + 0.01))
-                pause = min(pause * 2, 0.5)
+                # The owner was asked to hand the session over once idle (store/handover.py): look often.
+                pause = min(pause * 2, 0.5 if busy.locked else 0.2)
                 continue
             self.renewed(attempt)
             return snapshot

@@ -71,6 +71,11 @@ class Tick:
 
 
 @attrs.frozen(eq=False)
+class HandOver:
+    """From the engine: another process waits for this session; passivate as soon as nothing is in flight."""
+
+
+@attrs.frozen(eq=False)
 class LeaseLost:
     """Give the session up: its lease was lost (a refused write, a failed renewal) or a commit is in doubt."""
 
@@ -78,4 +83,4 @@ class LeaseLost:
 
 
 ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | CloseSession
-SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick | LeaseLost
+SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick | HandOver | LeaseLost

@@ -162,6 +162,9 @@ class Store(Protocol):
         Reads from memory and new retain claims count on it; ``inf`` where the lock cannot be lost.
         """
 
+    async def wanted_sessions(self) -> list[str]:
+        """The sessions this owner holds that another process waits for (see store/handover.py)."""
+
     async def reap_dead_owners(self, among: Sequence[str] | None = None) -> Reaped:
         """Release the leases and retain claims of owners whose processes are gone (``among`` them, or all)."""
 

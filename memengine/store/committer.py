@@ -52,7 +52,7 @@ import anyio
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
-from . import journal, leases, orphans, outbox, owners
+from . import handover, journal, leases, orphans, outbox, owners
 from .base import (
     AppendResult,
     Completion,
@@ -754,6 +754,9 @@ class GroupCommitStore:
             asked_at = anyio.current_time()  # counted from now: it was not held all along
         self._alive_until = self._alive_after(asked_at)
         return bool(held)
+
+    async def wanted_sessions(self) -> list[str]:
+        return await self._read(lambda db: handover.wanted(db, self.owner))
 
     async def reap_dead_owners(self, among: Sequence[str] | None = None) -> owners.Reaped:
         liveness = self._liveness

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..errors import LeaseLostError, SessionBusyError
+from . import handover
 from .dialect import Db
 
 _PER_STATEMENT = 1000  # leases per statement (two parameters each)
@@ -41,12 +42,13 @@ def acquire(db: Db, session_id: str, owner: str, ttl: float) -> int | SessionBus
             return SessionBusyError(session_id, locked[0] or "another process", float(locked[1]), locked=True)
     busy = _busy(session_id, owner, holder)
     if busy is not None:
+        handover.mark_wanted(db, session_id)  # its owner lets it go once idle (store/handover.py)
         return busy
     row = db.execute(
         "INSERT INTO session_leases (session_id, owner, token, expires_at) VALUES (?, ?, 1, {now} + ?) "
         # The expiry is computed again on conflict: the row lock may have been waited for.
         "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, token = session_leases.token + 1, "
-        "  expires_at = {now} + ? "
+        "  expires_at = {now} + ?, wanted_at = NULL "
         "WHERE session_leases.owner IS NULL OR session_leases.owner = excluded.owner "
         "  OR session_leases.expires_at <= {now} "
         "RETURNING token",

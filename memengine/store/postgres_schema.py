@@ -37,6 +37,7 @@ from typing import Any
 import attrs
 
 from ..errors import StoreError
+from .handover import WANTED_COLUMN
 from .owners import OWNERS_INDEX, OWNERS_TABLE
 from .schema_window import check_newer, compatible_from
 
@@ -119,7 +120,7 @@ _BOUNDED_RECALL_INDEX = (
     f"CREATE INDEX episodes_text ON episodes USING gin (to_tsvector('simple', left(content, {RECALL_PREFIX_CHARS})))",
 )
 
-_ENGINE_OWNERS = (OWNERS_TABLE, OWNERS_INDEX)
+_ENGINE_OWNERS = (OWNERS_TABLE, OWNERS_INDEX, WANTED_COLUMN)
 
 MIGRATIONS: list[Migration] = [
     # Everything: there is no older code to keep working.
@@ -144,8 +145,13 @@ MIGRATIONS: list[Migration] = [
         additive=True,
         locks="episodes, SHARE while the text index is rebuilt (writes wait; minutes on a large journal)",
     ),
-    # Older code ignores the running engines (its owners are never found dead: their leases expire).
-    Migration(_ENGINE_OWNERS, additive=True, locks="nothing that exists (creates a table)"),
+    # Older code ignores the running engines (its owners are never found dead: their leases expire)
+    # and the wanted marks (it never hands a session over; a takeover by newer code clears the mark).
+    Migration(
+        _ENGINE_OWNERS,
+        additive=True,
+        locks="session_leases, ACCESS EXCLUSIVE, briefly (a nullable column without a default: no rewrite)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import sqlite_utils
 
+from .handover import WANTED_COLUMN
 from .owners import OWNERS_INDEX, OWNERS_TABLE
 from .schema_window import check_newer, compatible_from
 
@@ -142,9 +143,11 @@ def _add_eviction_boundaries(db: sqlite_utils.Database) -> None:
 
 
 def _add_engine_owners(db: sqlite_utils.Database) -> None:
-    # The running engines, each with the key of the lock that says it is alive (store/owners.py).
+    # The running engines, each with the key of the lock that says it is alive (store/owners.py),
+    # and the mark a process puts on a lease it waits for (store/handover.py).
     db.execute(OWNERS_TABLE)
     db.execute(OWNERS_INDEX)
+    db.execute(WANTED_COLUMN)
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
