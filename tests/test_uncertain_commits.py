@@ -106,6 +106,36 @@ async def test_an_add_waiting_behind_an_add_in_doubt_gets_the_next_seq(store_url
     assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "first", "second"]
 
 
+async def test_an_add_cancelled_behind_an_add_in_doubt_is_still_stored(store_url, rows: StoreRows) -> None:
+    """Its caller gave up waiting, but it was sent: the activation giving the session up hands it on.
+
+    (It was dropped: a cancelled add then waited for ever to be seen, in the property test.)
+    """
+    config = SessionConfig(passivate_after=None)
+    async with open_engine(store_url, config=config) as engine:
+        session = engine.session("s")
+        await session.add(turns(2))
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm(hold=True)
+
+        async def add_in_doubt() -> None:
+            with pytest.raises(UncertainCommitError):
+                await session.add([Episode("user", "first")])
+
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(add_in_doubt)  # its commit is held, then lands, then is reported in doubt
+                await anyio.wait_all_tasks_blocked()
+                async with anyio.create_task_group() as given_up:
+                    given_up.start_soon(session.add, [Episode("user", "second")])  # waits behind the first
+                    await anyio.wait_all_tasks_blocked()
+                    given_up.cancel_scope.cancel()  # its caller stops waiting; the add was sent
+                commits.release()
+            (third,) = await session.add([Episode("user", "third")])  # handled after the second
+        assert third.seq == 5
+    assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "first", "second", "third"]
+
+
 async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(store_url, rows: StoreRows) -> None:
     summarizer = GatedSummarizer()
     config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=None)

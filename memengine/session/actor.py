@@ -217,10 +217,15 @@ class SessionActor:
                 reply.fail(error)
 
     def _handed_on(self, message: SessionMessage) -> bool:
-        """Give an unhandled client message to a new activation; False if that is not possible."""
+        """Give an unhandled client message to a new activation; False if that is not possible.
+
+        A write goes on even if its caller gave up waiting: it was sent, so it
+        is carried out (see :class:`~memengine.session.handle.Session`). Only a
+        read nobody waits for is dropped; it would change nothing.
+        """
         reply = getattr(message, "reply", None)
-        if reply is None or reply.abandoned:
-            return True  # the actor's own bookkeeping, or a caller that gave up: nothing to hand on
+        if reply is None or (reply.abandoned and isinstance(message, ReadContext)):
+            return True  # the actor's own bookkeeping, or a read whose caller gave up: nothing to hand on
         assert self._hand_on is not None
         try:
             self._hand_on(self.session_id, message)  # type: ignore[arg-type]
