@@ -27,7 +27,6 @@ import anyio
 import anyio.lowlevel
 import attrs
 import pytest
-from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -45,6 +44,7 @@ from memengine import (
 from memengine.tool_calls import tool_links
 
 from .fakes import CommitThenLoseConnection, RecordingSink, context_once_summarized, covered, fold
+from .guarded_portal import GuardedPortal
 
 SOAK = int(os.environ.get("MEMENGINE_SOAK", "1"))
 SESSIONS = ("alice", "bob")
@@ -91,6 +91,9 @@ class SiblingFailed(Exception):
 
 
 GUARD = 60  # seconds: leaving the engine never takes this long unless it hangs
+# Seconds (real time) any one step, or the teardown, may take before the test fails as hung, listing the
+# event loop's tasks. Generous: an add of thousands of episodes under load takes a while.
+STEP_GUARD = 300
 BIG_ADD = 4001  # more than any one transaction, and than recall's old catch-up step
 
 
@@ -102,6 +105,7 @@ def leaves(error: BaseException) -> list[str]:
 
 class EngineMachine(RuleBasedStateMachine):
     backend: object = "asyncio"
+    step_guard: float = STEP_GUARD
 
     def __init__(self) -> None:
         super().__init__()
@@ -109,8 +113,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.db = Path(self.directory.name) / "memory.db"
         self.summarizer = FlakySummarizer()
         self.sink = FlakySink()
-        self.portal_cm = start_blocking_portal(*_backend(self.backend))
-        self.portal = self.portal_cm.__enter__()
+        self.portal = GuardedPortal(*_backend(self.backend), guard=self.step_guard)
         self.engine = None
         self.running = None  # the engine's task, and the ways to stop it
         self.big_adds_left = 0
@@ -166,7 +169,8 @@ class EngineMachine(RuleBasedStateMachine):
         """Leave the engine (normally, by cancelling its scope, or by a failing sibling); it must end in time."""
         future, scope, stop, sibling, _ = self.running
         self.portal.call({"normally": stop.set, "cancel": scope.cancel, "sibling": sibling.set}[how])
-        error = future.exception(timeout=GUARD)  # raises TimeoutError if leaving hangs
+        self.portal.wait_for(future, GUARD, f"leaving the engine ({how}) did not finish")
+        error = future.exception()
         if how == "sibling":
             assert error is not None and leaves(error) == ["SiblingFailed"], f"the sibling's error was lost: {error!r}"
         else:
@@ -181,8 +185,10 @@ class EngineMachine(RuleBasedStateMachine):
                 self._close_engine()
                 self._check_deliveries(final=True)
         finally:
-            self.portal_cm.__exit__(None, None, None)
-            self.directory.cleanup()
+            try:
+                self.portal.close()  # bounded: tasks still running are listed, cancelled, and fail the test
+            finally:
+                self.directory.cleanup()
 
     @rule()
     def restart(self) -> None:
