@@ -136,6 +136,28 @@ async def test_an_add_cancelled_behind_an_add_in_doubt_is_still_stored(store_url
     assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "first", "second", "third"]
 
 
+async def test_an_add_cancelled_while_its_lease_lapsed_is_stored_by_the_next_activation(
+    store_url, rows: StoreRows
+) -> None:
+    """Its own append is refused (the lease lapsed) and nobody waits for the answer: it is handed on, not dropped."""
+    config = SessionConfig(passivate_after=None)
+    async with open_engine(store_url, config=config) as engine:
+        session = engine.session("s")
+        await session.add(turns(2))
+        rows.query("UPDATE session_leases SET expires_at = 0 WHERE session_id = ?", "s")  # this process was paused
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm(hold=True)  # the refused append's transaction ends in a commit held until its caller left
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as given_up:
+                given_up.start_soon(session.add, [Episode("user", "given up")])
+                await anyio.wait_all_tasks_blocked()
+                given_up.cancel_scope.cancel()
+            commits.release()
+            (after,) = await session.add([Episode("user", "after")])
+        assert after.seq == 4
+    assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "given up", "after"]
+
+
 async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(store_url, rows: StoreRows) -> None:
     summarizer = GatedSummarizer()
     config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=None)

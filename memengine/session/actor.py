@@ -337,6 +337,11 @@ class SessionActor:
                 # Either way this activation's state may no longer be the store's: let it go,
                 # before a handler waiting for this append runs on it.
                 self._give_up(error)  # type: ignore[arg-type]
+                if message.reply.abandoned and not self.mailbox.closed:
+                    # Nobody is left to tell, and the add was sent: the next activation carries it
+                    # out (an add is idempotent, so one that did land is not stored twice).
+                    self._not_handled.append(message)
+                    return
             self._fail(message, error or StoreError("the append was not stored"))
             return
         new = [episode for episode, is_new in results if is_new]
