@@ -293,10 +293,11 @@ class EngineMachine(RuleBasedStateMachine):
                 tasks.cancel_scope.cancel()
             # It was sent, so the session still stores it: wait until a reader sees it, raw or in the
             # summary (an episode over the window's low-water mark is evicted with the rest, and may be
-            # summarized before the next read: looking only at the raw episodes, this waited for ever).
+            # summarized before the next read). Every 50 ms: under trio each sleep costs the clock's 0.1 s
+            # autojump threshold of real time, so 1 ms polls made a 30 s deadline most of an hour.
             with anyio.fail_after(30):
                 while episode.content not in _shown(await handle.context()):  # noqa: ASYNC110
-                    await anyio.sleep(0.001)
+                    await anyio.sleep(0.05)
 
         self.portal.call(add_then_give_up)
         self._model_add(session, [episode])
