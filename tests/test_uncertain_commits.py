@@ -158,6 +158,28 @@ async def test_an_add_cancelled_while_its_lease_lapsed_is_stored_by_the_next_act
     assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "given up", "after"]
 
 
+async def test_a_clear_cancelled_while_its_lease_lapsed_is_carried_out_by_the_next_activation(
+    store_url, rows: StoreRows
+) -> None:
+    """A clear nobody waits for any more is refused (the lease lapsed): the next activation still clears."""
+    config = SessionConfig(passivate_after=None)
+    async with open_engine(store_url, config=config) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "my password is hunter2")])
+        rows.query("UPDATE session_leases SET expires_at = 0 WHERE session_id = ?", "s")  # this process was paused
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm(hold=True)  # the refused clear's transaction ends in a commit held until its caller left
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as given_up:
+                given_up.start_soon(session.clear)
+                await anyio.wait_all_tasks_blocked()
+                given_up.cancel_scope.cancel()
+            commits.release()
+            await session.add([Episode("user", "after")])
+        assert [e.content for e in (await session.context()).episodes] == ["after"]
+    assert [content for _, content in episodes(rows, "s")] == ["after"]
+
+
 async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(store_url, rows: StoreRows) -> None:
     summarizer = GatedSummarizer()
     config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=None)

@@ -233,6 +233,19 @@ class SessionActor:
             return False  # the engine is closing: the caller gets the error
         return True
 
+    def _handed_on_if_abandoned(self, message: ClientMessage) -> bool:
+        """After giving the session up over ``message``'s own write: hand it on if nobody waits for it.
+
+        It was sent, so it is carried out, by the next activation (a caller
+        still waiting is told the error instead, and may retry). Running a
+        write again is safe: an add is idempotent by episode id, a delete by
+        seq, and a clear leaves the same empty session.
+        """
+        if not message.reply.abandoned or isinstance(message, ReadContext) or self.mailbox.closed:
+            return False
+        self._not_handled.append(message)
+        return True
+
     async def _serve(self) -> None:
         while self._given_up is None:
             if self._summary.retry_at is not None and self._summary.retry_due(anyio.current_time()):
@@ -306,6 +319,8 @@ class SessionActor:
             # The operation failed (the store rolled it back, or its outcome is in doubt): tell its caller.
             if _means_reload(exc):
                 self._give_up(exc)
+                if self._handed_on_if_abandoned(message):
+                    return
             self._fail(message, exc)
 
     async def _on_add(self, message: AddEpisodes) -> None:
@@ -337,10 +352,7 @@ class SessionActor:
                 # Either way this activation's state may no longer be the store's: let it go,
                 # before a handler waiting for this append runs on it.
                 self._give_up(error)  # type: ignore[arg-type]
-                if message.reply.abandoned and not self.mailbox.closed:
-                    # Nobody is left to tell, and the add was sent: the next activation carries it
-                    # out (an add is idempotent, so one that did land is not stored twice).
-                    self._not_handled.append(message)
+                if self._handed_on_if_abandoned(message):
                     return
             self._fail(message, error or StoreError("the append was not stored"))
             return
