@@ -27,7 +27,6 @@ import anyio
 import anyio.lowlevel
 import attrs
 import pytest
-from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -45,6 +44,7 @@ from memengine import (
 from memengine.tool_calls import tool_links
 
 from .fakes import CommitThenLoseConnection, RecordingSink, context_once_summarized, covered, fold
+from .guarded_portal import GuardedPortal
 
 SOAK = int(os.environ.get("MEMENGINE_SOAK", "1"))
 SESSIONS = ("alice", "bob")
@@ -91,6 +91,9 @@ class SiblingFailed(Exception):
 
 
 GUARD = 60  # seconds: leaving the engine never takes this long unless it hangs
+# Seconds (real time) any one step, or the teardown, may take before the test fails as hung, listing the
+# event loop's tasks. Generous: an add of thousands of episodes under load takes a while.
+STEP_GUARD = 300
 BIG_ADD = 4001  # more than any one transaction, and than recall's old catch-up step
 
 
@@ -102,6 +105,7 @@ def leaves(error: BaseException) -> list[str]:
 
 class EngineMachine(RuleBasedStateMachine):
     backend: object = "asyncio"
+    step_guard: float = STEP_GUARD
 
     def __init__(self) -> None:
         super().__init__()
@@ -109,8 +113,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.db = Path(self.directory.name) / "memory.db"
         self.summarizer = FlakySummarizer()
         self.sink = FlakySink()
-        self.portal_cm = start_blocking_portal(*_backend(self.backend))
-        self.portal = self.portal_cm.__enter__()
+        self.portal = GuardedPortal(*_backend(self.backend), guard=self.step_guard)
         self.engine = None
         self.running = None  # the engine's task, and the ways to stop it
         self.big_adds_left = 0
@@ -166,7 +169,8 @@ class EngineMachine(RuleBasedStateMachine):
         """Leave the engine (normally, by cancelling its scope, or by a failing sibling); it must end in time."""
         future, scope, stop, sibling, _ = self.running
         self.portal.call({"normally": stop.set, "cancel": scope.cancel, "sibling": sibling.set}[how])
-        error = future.exception(timeout=GUARD)  # raises TimeoutError if leaving hangs
+        self.portal.wait_for(future, GUARD, f"leaving the engine ({how}) did not finish")
+        error = future.exception()
         if how == "sibling":
             assert error is not None and leaves(error) == ["SiblingFailed"], f"the sibling's error was lost: {error!r}"
         else:
@@ -181,8 +185,10 @@ class EngineMachine(RuleBasedStateMachine):
                 self._close_engine()
                 self._check_deliveries(final=True)
         finally:
-            self.portal_cm.__exit__(None, None, None)
-            self.directory.cleanup()
+            try:
+                self.portal.close()  # bounded: tasks still running are listed, cancelled, and fail the test
+            finally:
+                self.directory.cleanup()
 
     @rule()
     def restart(self) -> None:
@@ -285,10 +291,13 @@ class EngineMachine(RuleBasedStateMachine):
                 # returned here (also before the window's rules); the add has been sent once this wakes.
                 await running.wait()
                 tasks.cancel_scope.cancel()
-            # It was sent, so the session still stores it: wait until a reader sees it.
+            # It was sent, so the session still stores it: wait until a reader sees it, raw or in the
+            # summary (an episode over the window's low-water mark is evicted with the rest, and may be
+            # summarized before the next read). Every 50 ms: under trio each sleep costs the clock's 0.1 s
+            # autojump threshold of real time, so 1 ms polls made a 30 s deadline most of an hour.
             with anyio.fail_after(30):
-                while episode.id not in [e.id for e in (await handle.context()).episodes]:  # noqa: ASYNC110
-                    await anyio.sleep(0.001)
+                while episode.content not in _shown(await handle.context()):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
 
         self.portal.call(add_then_give_up)
         self._model_add(session, [episode])
@@ -568,6 +577,11 @@ class EngineMachine(RuleBasedStateMachine):
                 assert {seq for seq, _ in self.live[session]} <= delivered, "a live episode was never delivered"
 
 
+def _shown(context) -> list[str]:
+    """Every episode a read shows: those its summary covers, then the raw ones."""
+    return covered(context.summary) + [e.content for e in context.episodes]
+
+
 def _words(text: str) -> int:
     return len(text.split())
 
@@ -596,3 +610,27 @@ class TrioEngineMachine(EngineMachine):
 
 class TestEngineOnTrio(TrioEngineMachine.TestCase):
     settings = PROPERTY_SETTINGS
+
+
+@pytest.mark.parametrize("machine", [EngineMachine, TrioEngineMachine], ids=["asyncio", "trio"])
+def test_an_add_cancelled_while_waiting_is_found_even_once_summarized(machine: type[EngineMachine]) -> None:
+    """The step that hung the suite under trio, as a fixed sequence.
+
+    An episode over the window's low-water mark is evicted with the rest as it
+    enters, and may be summarized before the next read: waiting to see it raw,
+    the step polled until its 30 s deadline, which under the autojump clock
+    (0.1 s of real time per 1 ms poll) took most of an hour.
+    """
+
+    class Steps(machine):  # type: ignore[valid-type, misc]
+        step_guard = 20  # a step that hangs fails in seconds here, not in minutes
+
+    steps = Steps()
+    try:
+        steps.start(big_adds=0, evict_to=0.5, max_tokens=None)
+        steps.add("bob", 1, 30)  # 33 characters: more than the low-water mark, half of max_chars
+        steps.add_cancelled_while_waiting("bob", 30)  # the window overflows: both are evicted, then summarized
+        steps.read("bob")
+        steps.store_holds_exactly_the_live_episodes()
+    finally:
+        steps.teardown()

@@ -106,6 +106,80 @@ async def test_an_add_waiting_behind_an_add_in_doubt_gets_the_next_seq(store_url
     assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "first", "second"]
 
 
+async def test_an_add_cancelled_behind_an_add_in_doubt_is_still_stored(store_url, rows: StoreRows) -> None:
+    """Its caller gave up waiting, but it was sent: the activation giving the session up hands it on.
+
+    (It was dropped: a cancelled add then waited for ever to be seen, in the property test.)
+    """
+    config = SessionConfig(passivate_after=None)
+    async with open_engine(store_url, config=config) as engine:
+        session = engine.session("s")
+        await session.add(turns(2))
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm(hold=True)
+
+        async def add_in_doubt() -> None:
+            with pytest.raises(UncertainCommitError):
+                await session.add([Episode("user", "first")])
+
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(add_in_doubt)  # its commit is held, then lands, then is reported in doubt
+                await anyio.wait_all_tasks_blocked()
+                async with anyio.create_task_group() as given_up:
+                    given_up.start_soon(session.add, [Episode("user", "second")])  # waits behind the first
+                    await anyio.wait_all_tasks_blocked()
+                    given_up.cancel_scope.cancel()  # its caller stops waiting; the add was sent
+                commits.release()
+            (third,) = await session.add([Episode("user", "third")])  # handled after the second
+        assert third.seq == 5
+    assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "first", "second", "third"]
+
+
+async def test_an_add_cancelled_while_its_lease_lapsed_is_stored_by_the_next_activation(
+    store_url, rows: StoreRows
+) -> None:
+    """Its own append is refused (the lease lapsed) and nobody waits for the answer: it is handed on, not dropped."""
+    config = SessionConfig(passivate_after=None)
+    async with open_engine(store_url, config=config) as engine:
+        session = engine.session("s")
+        await session.add(turns(2))
+        rows.query("UPDATE session_leases SET expires_at = 0 WHERE session_id = ?", "s")  # this process was paused
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm(hold=True)  # the refused append's transaction ends in a commit held until its caller left
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as given_up:
+                given_up.start_soon(session.add, [Episode("user", "given up")])
+                await anyio.wait_all_tasks_blocked()
+                given_up.cancel_scope.cancel()
+            commits.release()
+            (after,) = await session.add([Episode("user", "after")])
+        assert after.seq == 4
+    assert [content for _, content in episodes(rows, "s")] == ["turn 1", "turn 2", "given up", "after"]
+
+
+async def test_a_clear_cancelled_while_its_lease_lapsed_is_carried_out_by_the_next_activation(
+    store_url, rows: StoreRows
+) -> None:
+    """A clear nobody waits for any more is refused (the lease lapsed): the next activation still clears."""
+    config = SessionConfig(passivate_after=None)
+    async with open_engine(store_url, config=config) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "my password is hunter2")])
+        rows.query("UPDATE session_leases SET expires_at = 0 WHERE session_id = ?", "s")  # this process was paused
+        commits = CommitThenLoseConnection(engine.store)
+        commits.arm(hold=True)  # the refused clear's transaction ends in a commit held until its caller left
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as given_up:
+                given_up.start_soon(session.clear)
+                await anyio.wait_all_tasks_blocked()
+                given_up.cancel_scope.cancel()
+            commits.release()
+            await session.add([Episode("user", "after")])
+        assert [e.content for e in (await session.context()).episodes] == ["after"]
+    assert [content for _, content in episodes(rows, "s")] == ["after"]
+
+
 async def test_a_summary_in_doubt_is_not_redone_on_stale_memory(store_url, rows: StoreRows) -> None:
     summarizer = GatedSummarizer()
     config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=None)

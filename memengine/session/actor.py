@@ -219,15 +219,33 @@ class SessionActor:
                 reply.fail(error)
 
     def _handed_on(self, message: SessionMessage) -> bool:
-        """Give an unhandled client message to a new activation; False if that is not possible."""
+        """Give an unhandled client message to a new activation; False if that is not possible.
+
+        A write goes on even if its caller gave up waiting: it was sent, so it
+        is carried out (see :class:`~memengine.session.handle.Session`). Only a
+        read nobody waits for is dropped; it would change nothing.
+        """
         reply = getattr(message, "reply", None)
-        if reply is None or reply.abandoned:
-            return True  # the actor's own bookkeeping, or a caller that gave up: nothing to hand on
+        if reply is None or (reply.abandoned and isinstance(message, ReadContext)):
+            return True  # the actor's own bookkeeping, or a read whose caller gave up: nothing to hand on
         assert self._hand_on is not None
         try:
             self._hand_on(self.session_id, message)  # type: ignore[arg-type]
         except MemEngineError:
             return False  # the engine is closing: the caller gets the error
+        return True
+
+    def _handed_on_if_abandoned(self, message: ClientMessage) -> bool:
+        """After giving the session up over ``message``'s own write: hand it on if nobody waits for it.
+
+        It was sent, so it is carried out, by the next activation (a caller
+        still waiting is told the error instead, and may retry). Running a
+        write again is safe: an add is idempotent by episode id, a delete by
+        seq, and a clear leaves the same empty session.
+        """
+        if not message.reply.abandoned or isinstance(message, ReadContext) or self.mailbox.closed:
+            return False
+        self._not_handled.append(message)
         return True
 
     async def _serve(self) -> None:
@@ -306,6 +324,8 @@ class SessionActor:
             # The operation failed (the store rolled it back, or its outcome is in doubt): tell its caller.
             if _means_reload(exc):
                 self._give_up(exc)
+                if self._handed_on_if_abandoned(message):
+                    return
             self._fail(message, exc)
 
     async def _on_add(self, message: AddEpisodes) -> None:
@@ -340,11 +360,14 @@ class SessionActor:
         if settled is not None:
             settled.set()
         if error is not None or results is None:
-            if _means_reload(error):
+            reload = _means_reload(error)
+            if reload:
                 # Either way this activation's state may no longer be the store's: let it go,
                 # before a handler waiting for this append runs on it.
                 self._give_up(error)  # type: ignore[arg-type]
             for message in batch.messages:
+                if reload and self._handed_on_if_abandoned(message):
+                    continue
                 self._fail(message, error or StoreError("the append was not stored"))
             return
         new = [episode for episode, is_new in results if is_new]
