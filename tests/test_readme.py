@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import attrs
 import pytest
@@ -79,9 +80,9 @@ def program(block: Block) -> str:
 class FakeModel(BaseHTTPRequestHandler):
     """Answers chat completions with a fixed summary, and responses with a fixed answer."""
 
-    calls: list[str] = []
+    calls: ClassVar[list[str]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - the name BaseHTTPRequestHandler calls
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         json.loads(body or b"{}")
         FakeModel.calls.append(self.path)
@@ -133,7 +134,7 @@ class FakeModel(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
