@@ -92,7 +92,6 @@ def run(options: argparse.Namespace) -> int:
         print(f"memengine replay: {redacted(db)} already holds a store; replay needs a fresh store", file=sys.stderr)
         return exit_status.USAGE
     config = SessionConfig() if recorded is None or options.default_config else recorded.config
-    _print_setup(recorded, options.default_config)
     report: ReplayReport | None = None
     failure: BaseException | None = None
     try:
@@ -108,6 +107,7 @@ def run(options: argparse.Namespace) -> int:
             return report_failure("replay", failure)  # the new store could not be written: status 3, as elsewhere
         print(f"memengine replay: {failure}; nothing was kept of {redacted(db)}", file=sys.stderr)
         return exit_status.USAGE
+    _print_setup(recorded, options.default_config)
     print(f"replayed {report.messages} messages over {len(report.sessions)} sessions into {redacted(db)}")
     for mismatch in report.mismatches:
         print(f"  differs: {mismatch}")
