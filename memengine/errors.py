@@ -63,7 +63,10 @@ class SessionBusyError(MemEngineError):
     free to take but another process's transaction held its row locked
     (PostgreSQL: a process frozen or cut off mid-write; the server ends such a
     transaction after ``idle_in_transaction_session_timeout``). Retry later,
-    or route the session's traffic to its owner.
+    or route the session's traffic to its owner. When the owner is another
+    engine of this same process (a default owner name, ``host:pid:random``,
+    with this host and pid), the message says so: engines on one store
+    contend for sessions like separate processes, so share one engine.
     """
 
     def __init__(
