@@ -379,7 +379,7 @@ async def open_engine(
     failure: BaseException | None
     try:
         async with open_store(path, synchronous=synchronous, owner=owner) as store:
-            recorder = None if record_to is None else MessageRecorder(record_to)
+            recorder = None if record_to is None else MessageRecorder(record_to, config=config, summarizer=summarizer)
             delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, config)
             plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
             slots = anyio.CapacityLimiter(max_concurrent_summaries)

@@ -6,6 +6,9 @@ bad arguments raise the usual :class:`ValueError` / :class:`TypeError`.
 
 from __future__ import annotations
 
+import os
+import socket
+
 
 class MemEngineError(Exception):
     """Base class for every error the engine reports."""
@@ -60,7 +63,10 @@ class SessionBusyError(MemEngineError):
     free to take but another process's transaction held its row locked
     (PostgreSQL: a process frozen or cut off mid-write; the server ends such a
     transaction after ``idle_in_transaction_session_timeout``). Retry later,
-    or route the session's traffic to its owner.
+    or route the session's traffic to its owner. When the owner is another
+    engine of this same process (a default owner name, ``host:pid:random``,
+    with this host and pid), the message says so: engines on one store
+    contend for sessions like separate processes, so share one engine.
     """
 
     def __init__(
@@ -70,6 +76,12 @@ class SessionBusyError(MemEngineError):
             held = (
                 f"is locked by an unfinished transaction (last owner {owner!r}; the process may be frozen or cut "
                 "off mid-write)"
+            )
+        elif _is_this_process(owner):
+            held = (
+                f"is owned by another engine in this same process (pid {os.getpid()}, owner {owner!r}; its lease "
+                f"runs {max(expires_in, 0.0):.1f} s more unless renewed): engines on one store contend for its "
+                "sessions like separate processes, so share one engine"
             )
         else:
             held = f"is owned by {owner!r} (its lease runs {max(expires_in, 0.0):.1f} s more unless renewed)"
@@ -87,3 +99,9 @@ class LeaseLostError(MemEngineError):
     lease, in the same transaction). The session is given up here; calling
     again activates it anew once no other process owns it.
     """
+
+
+def _is_this_process(owner: str) -> bool:
+    """Whether ``owner`` is a default owner name (``host:pid:random``) of this very process."""
+    parts = owner.rsplit(":", 2)
+    return len(parts) == 3 and parts[0] == socket.gethostname() and parts[1] == str(os.getpid())

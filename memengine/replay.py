@@ -8,10 +8,20 @@ session handles, when it is answered::
      "outcome": {"seqs": [1]}}
 
 Types are ``add``, ``read``, ``delete``, ``clear`` and ``close``; a message that
-failed has ``"error"`` instead of ``"outcome"``. :func:`replay` feeds such a log
-into an engine on a fresh store. It reproduces the same episodes and seqs, and
-the same summaries whenever the summarizer's result does not depend on how
-evictions were batched into calls. Tests can be written as logs.
+failed has ``"error"`` instead of ``"outcome"``. A read's outcome is the
+context's ``evicted_through``, ``summarized_through`` and the seqs of its raw
+episodes. Each engine that opens the log first writes what shapes the
+outcomes: its :class:`SessionConfig` (every field but the tokenizer, which is
+noted as ``"custom"`` when there is one) and its summarizer's class::
+
+    {"type": "engine", "config": {"max_episodes": 5, ...}, "tokenizer": null,
+     "summarizer": "memengine.summarizer.extractive.ExtractiveSummarizer"}
+
+:func:`replay` feeds such a log into an engine on a fresh store (open it with
+:func:`recorded_config`'s config to reproduce the recording). It reproduces
+the same episodes and seqs, and the same summaries whenever the summarizer's
+result does not depend on how evictions were batched into calls. Tests can
+be written as logs.
 
 Recording writes and flushes a line per message on the event loop: a tool for
 tests and debugging, not for production throughput.
@@ -28,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import attrs
 
+from .config import SessionConfig
 from .context import Context
 from .episode import Episode
 from .session.messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
@@ -45,10 +56,13 @@ class MessageRecorder:
     disk) is logged once and recording stops; the engine goes on unharmed.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, config: SessionConfig | None = None, summarizer: object = None
+    ) -> None:
         self._path = os.fspath(path)
         self._file: TextIO = open(path, "a", encoding="utf-8")
         self._broken = False
+        self._write(_engine_json(config or SessionConfig(), summarizer))
 
     def record(self, session_id: str, message: ClientMessage, value: Any, error: BaseException | None) -> None:
         if self._broken:
@@ -59,6 +73,11 @@ class MessageRecorder:
             line["outcome"] = outcome
         else:
             line["error"] = {"type": type(error).__name__, "message": str(error)}
+        self._write(line)
+
+    def _write(self, line: dict[str, Any]) -> None:
+        if self._broken:
+            return
         try:
             self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
             self._file.flush()
@@ -98,7 +117,84 @@ def _episode_json(episode: Episode) -> dict[str, Any]:
 
 
 def _context_json(context: Context) -> dict[str, Any]:
-    return {"summarized_through": context.summarized_through, "seqs": [e.seq for e in context.episodes]}
+    return {
+        "summarized_through": context.summarized_through,
+        "evicted_through": context.evicted_through,
+        "seqs": [e.seq for e in context.episodes],
+    }
+
+
+def _engine_json(config: SessionConfig, summarizer: object) -> dict[str, Any]:
+    fields = attrs.asdict(config, filter=lambda field, _: field.name != "tokenizer")
+    kind = type(summarizer) if summarizer is not None else None
+    return {
+        "type": "engine",
+        "config": fields,
+        "tokenizer": None if config.tokenizer is None else "custom",
+        "summarizer": None if kind is None else f"{kind.__module__}.{kind.__qualname__}",
+    }
+
+
+@attrs.frozen
+class RecordedEngine:
+    """What the first engine that wrote a log was opened with, as far as a replay can rebuild it.
+
+    ``config`` is its :class:`SessionConfig` (without a tokenizer); ``notes``
+    say what could not be rebuilt (a custom tokenizer, fields this version
+    does not know, other engines with another config in the same log).
+    """
+
+    config: SessionConfig
+    summarizer: str | None
+    notes: tuple[str, ...]
+
+
+def recorded_config(path: str | os.PathLike[str]) -> RecordedEngine | None:
+    """The engine options recorded in the log at ``path``, or ``None`` for a log written before they were."""
+    headers = [record for record in read_log(path) if record["type"] == "engine"]
+    if not headers:
+        return None
+    first = headers[0]
+    fields = dict(first.get("config") or {})
+    known = {field.name for field in attrs.fields(SessionConfig)} - {"tokenizer"}
+    notes = []
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        notes.append(f"recorded config fields this memengine does not know are ignored: {', '.join(unknown)}")
+    try:
+        config = SessionConfig(**{name: value for name, value in fields.items() if name in known})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{os.fspath(path)}: the recorded config is not valid: {exc}") from None
+    if first.get("tokenizer") is not None:
+        notes.append("recorded with a custom tokenizer; replayed with the offline token estimate")
+    if any(header.get("config") != first.get("config") for header in headers[1:]):
+        notes.append("the log was written by engines with different configs; replayed with the first one's")
+    summarizer = first.get("summarizer")
+    return RecordedEngine(config, summarizer if isinstance(summarizer, str) else None, tuple(notes))
+
+
+def _read_differences(recorded: dict[str, Any], replayed: dict[str, Any], waited: bool) -> dict[str, Any]:
+    """The parts of a read's outcome that differ, among those that do not depend on the summarizer's timing.
+
+    The window (``evicted_through`` and the raw episodes after it) follows from
+    the messages alone. How far the summary reaches does too for a read that
+    waited for it and found everything evicted summarized; otherwise it depends
+    on when the summarizer finished. Logs written before ``evicted_through``
+    was recorded compare only the reads that waited for a summary.
+    """
+    if "evicted_through" not in recorded:
+        keys = ["summarized_through", "seqs"] if waited and "seqs" in recorded else []
+        return {key: (recorded[key], replayed[key]) for key in keys if recorded[key] != replayed[key]}
+
+    def window(outcome: dict[str, Any]) -> dict[str, Any]:
+        through = outcome["evicted_through"]
+        return {"evicted_through": through, "window": [seq for seq in outcome["seqs"] if seq > through]}
+
+    expected, actual = window(recorded), window(replayed)
+    if waited and recorded["summarized_through"] == recorded["evicted_through"]:
+        expected["summarized_through"] = recorded["summarized_through"]
+        actual["summarized_through"] = replayed["summarized_through"]
+    return {key: (expected[key], actual[key]) for key in expected if expected[key] != actual[key]}
 
 
 @attrs.frozen
@@ -119,7 +215,9 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{os.fspath(path)}:{number}: not a JSON line: {exc}") from None
-            if not isinstance(record, dict) or "session" not in record or "type" not in record:
+            if not isinstance(record, dict) or "type" not in record:
+                raise ValueError(f"{os.fspath(path)}:{number}: a record needs 'session' and 'type'")
+            if record["type"] != "engine" and "session" not in record:
                 raise ValueError(f"{os.fspath(path)}:{number}: a record needs 'session' and 'type'")
             yield record
 
@@ -130,12 +228,16 @@ async def replay(path: str | os.PathLike[str], engine: Engine) -> ReplayReport:
     Messages that failed when recorded are sent again (they fail again or not);
     reads that waited for a summary wait again, so replay passes the same
     synchronisation points. Differences between recorded and replayed outcomes
-    (seqs of an add, count of a delete) are reported, not raised.
+    (seqs of an add, count of a delete, a read's window and, where it does not
+    depend on timing, its summary's reach) are reported, not raised. The
+    engine's config is the caller's choice: :func:`recorded_config` gives the
+    recorded one.
     """
     mismatches: list[str] = []
     sessions: dict[str, None] = {}
+    messages = (record for record in read_log(path) if record["type"] != "engine")
     count = 0
-    for count, record in enumerate(read_log(path), 1):
+    for count, record in enumerate(messages, 1):
         session_id = record["session"]
         sessions[session_id] = None
         session = engine.session(session_id)
@@ -147,8 +249,15 @@ async def replay(path: str | os.PathLike[str], engine: Engine) -> ReplayReport:
                 stored = await session.add([_episode_from_json(e) for e in payload["episodes"]])
                 actual: Any = {"seqs": [e.seq for e in stored]}
             elif kind == "read":
-                actual = _context_json(await session.context(wait_for_summary=payload.get("wait_for_summary", False)))
-                expected = None  # a read changes nothing; its timing may differ
+                waited = payload.get("wait_for_summary", False)
+                replayed = _context_json(await session.context(wait_for_summary=waited))
+                if expected is not None:
+                    differences = _read_differences(expected, replayed, waited)
+                    for key, (was, now) in differences.items():
+                        mismatches.append(
+                            f"message {count} (read on {session_id!r}): {key} recorded {was}, replayed {now}"
+                        )
+                continue
             elif kind == "delete":
                 actual = {"deleted": await session.delete_episodes(payload["seqs"])}
             elif kind == "clear":
@@ -159,6 +268,8 @@ async def replay(path: str | os.PathLike[str], engine: Engine) -> ReplayReport:
                 actual = {}
             else:
                 raise ValueError(f"message {count}: unknown type {kind!r}")
+        except KeyError as exc:
+            raise ValueError(f"{os.fspath(path)}: message {count} ({kind}) lacks {exc}") from None
         except (ValueError, TypeError) as exc:
             if "error" not in record:
                 mismatches.append(f"message {count} ({kind} on {session_id!r}) failed on replay: {exc}")

@@ -74,3 +74,15 @@ def test_missing_openai_package_gives_a_clear_hint(monkeypatch) -> None:
 def test_model_is_required() -> None:
     with pytest.raises(ValueError):
         OpenAISummarizer("", client=FakeChatClient("x"))
+
+
+@pytest.mark.anyio
+async def test_instructions_keep_literal_braces_and_fill_in_max_words() -> None:
+    client = FakeChatClient('{"facts": []}')
+    instructions = 'Answer in JSON like {"facts": []}, at most {max_words} words; {unknown} stays as written.'
+    summarizer = OpenAISummarizer("m", client=client, max_words=30, instructions=instructions)
+
+    await summarizer.summarize(None, [Episode("user", "hi there")])
+
+    system = client.requests[0]["messages"][0]["content"]
+    assert system == 'Answer in JSON like {"facts": []}, at most 30 words; {unknown} stays as written.'

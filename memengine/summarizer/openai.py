@@ -25,7 +25,9 @@ class OpenAISummarizer:
     Pass an ``openai.AsyncOpenAI`` (or compatible) ``client``, or let one be made
     from ``base_url`` and ``api_key`` (the usual ``OPENAI_*`` environment
     variables apply). Retries are the engine's job: the client is built with
-    ``max_retries=0`` unless you pass your own.
+    ``max_retries=0`` unless you pass your own. In ``instructions``,
+    ``{max_words}`` is replaced by ``max_words``; every other brace is kept
+    as written (JSON examples work).
     """
 
     def __init__(
@@ -51,7 +53,8 @@ class OpenAISummarizer:
             client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         self.model = model
         self.client = client
-        self.instructions = instructions.format(max_words=max_words)
+        # Not str.format: instructions often show JSON, whose braces are meant literally.
+        self.instructions = instructions.replace("{max_words}", str(max_words))
         self.temperature = temperature
 
     def __repr__(self) -> str:
