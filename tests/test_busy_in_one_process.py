@@ -2,7 +2,8 @@
 
 Each engine holds its sessions' leases under its own owner name, so a second
 engine in the same process waits ``lease_wait`` for a session the first one
-holds, like any other process would. The error then says the owner is an
+holds with work in flight, like any other process would (an idle one is
+handed over). The error then says the owner is an
 engine of this very process, which is what a user needs to see to fix it.
 """
 
@@ -15,17 +16,27 @@ import pytest
 
 from memengine import Episode, SessionBusyError, SessionConfig, open_engine
 
+from .fakes import GatedSummarizer
+
 pytestmark = pytest.mark.anyio
 
 SHORT_WAIT = SessionConfig(lease_wait=0.3, passivate_after=None)
 
 
 async def test_a_session_held_by_another_engine_of_this_process_says_so(store_url: str) -> None:
-    async with open_engine(store_url, config=SHORT_WAIT) as first, open_engine(store_url, config=SHORT_WAIT) as second:
-        await first.session("s").add([Episode("user", "hello")])
+    # The first engine's session has a summary in flight, so it is not handed over (store/handover.py).
+    summarizer = GatedSummarizer()
+    busy = SessionConfig(lease_wait=0.3, passivate_after=None, max_episodes=1, evict_to=1.0)
+    async with (
+        open_engine(store_url, config=busy, summarizer=summarizer) as first,
+        open_engine(store_url, config=SHORT_WAIT) as second,
+    ):
+        await first.session("s").add([Episode("user", "hello"), Episode("user", "again")])
+        await summarizer.wait_until_called()
 
         with pytest.raises(SessionBusyError) as caught:
             await second.session("s").context()
+        summarizer.release()
 
     message = str(caught.value)
     assert "another engine in this same process" in message
