@@ -23,7 +23,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import ExitStack
 from datetime import UTC, datetime
-from importlib import metadata
 from threading import Lock
 from types import TracebackType
 from typing import Any, get_args
@@ -32,6 +31,7 @@ import anyio
 import anyio.to_thread
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from .._version import installed_version
 from ..episode import Episode
 from ..errors import MemEngineError
 from .batch import RetainBatch, RetainMode
@@ -238,8 +238,6 @@ def _same_id(session_id: str) -> str:
 
 
 def _user_agent() -> str:
-    # Hindsight asks integrations to name themselves in front of its client's own token.
-    try:
-        return f"memengine/{metadata.version('memengine')}"
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "memengine"
+    # Hindsight asks integrations to name themselves in front of its client's own token; the
+    # version is the installed distribution's, whatever its name (agent-memengine).
+    return f"memengine/{installed_version()}"
