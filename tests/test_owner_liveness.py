@@ -17,6 +17,7 @@ import pytest
 from memengine import Episode, SessionBusyError, SessionConfig, open_engine
 
 from .conftest import postgres_schema, postgres_unreachable
+from .fakes import GatedSummarizer
 
 pytestmark = [
     pytest.mark.anyio,
@@ -44,22 +45,31 @@ def terminate_liveness_backend(url: str, lock_key: int) -> int:
 
 
 async def test_a_live_engine_whose_lock_connection_dropped_keeps_its_sessions(pg_url) -> None:
+    # a's session has a summary in flight, so it is not handed over to b (store/handover.py) either.
+    summarizer = GatedSummarizer()
+    busy = SessionConfig(passivate_after=None, lease_wait=3.0, max_episodes=1, evict_to=1.0)
     with anyio.fail_after(60):
         async with (
-            open_engine(pg_url, config=CONFIG, owner="a") as a,
+            open_engine(pg_url, config=busy, owner="a", summarizer=summarizer) as a,
             open_engine(pg_url, config=CONFIG, owner="b") as b,
         ):
-            await a.session("s").add([Episode("user", "from a")])
+            await a.session("s").add([Episode("user", "from a"), Episode("user", "evicted")])
+            await summarizer.wait_until_called()
             assert terminate_liveness_backend(pg_url, a.store._liveness.lock_key) == 1  # type: ignore[attr-defined]
             # b finds a's lock gone, but a takes it back within a heartbeat, long before the grace ends.
             with pytest.raises(SessionBusyError) as busy:
                 await b.session("s").add([Episode("user", "from b")])
             assert busy.value.owner == "a"
             (episode,) = await a.session("s").add([Episode("user", "a again")])
-            assert episode.seq == 2
+            assert episode.seq == 3
             assert (await a.session("s").context()).episodes[-1].content == "a again"
+            summarizer.release()
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT content FROM episodes ORDER BY seq").fetchall() == [("from a",), ("a again",)]
+        assert conn.execute("SELECT content FROM episodes ORDER BY seq").fetchall() == [
+            ("from a",),
+            ("evicted",),
+            ("a again",),
+        ]
         assert conn.execute("SELECT count(*) FROM engine_owners").fetchone() == (0,)  # both left cleanly
 
 
