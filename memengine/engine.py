@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -53,6 +54,7 @@ class Engine:
         self._delivery = delivery
         self._actors: dict[str, SessionActor] = {}
         self._closed = False
+        self._others_running = anyio.Event()  # set while other engines are registered on the store
 
     def __repr__(self) -> str:
         active = len(self._actors)
@@ -190,9 +192,19 @@ class Engine:
             except Exception:
                 log.exception("could not record the retain tails of sessions no process owns")
 
+    def _others_seen(self, others: bool) -> None:
+        if others and not self._others_running.is_set():
+            self._others_running.set()
+        elif not others and self._others_running.is_set():
+            self._others_running = anyio.Event()
+
     async def _hand_over_wanted(self) -> None:
-        """Every quarter second, tell the sessions another process waits for to go once idle (store/handover.py)."""
+        """Every quarter second, tell the sessions another process waits for to go once idle (store/handover.py).
+
+        Only while other engines are registered on the store (:meth:`_watch_owners` tells).
+        """
         while True:
+            await self._others_running.wait()
             await anyio.sleep(HAND_OVER_SECONDS)
             if not self._actors:
                 continue
@@ -216,8 +228,9 @@ class Engine:
         A check that does not answer within two seconds counts as lost.
         """
         store = self._services.store
+        period = HEARTBEAT_SECONDS
         while True:
-            await anyio.sleep(HEARTBEAT_SECONDS)
+            await anyio.sleep(period)
             held = False
             with anyio.move_on_after(2 * HEARTBEAT_SECONDS):
                 try:
@@ -230,7 +243,13 @@ class Engine:
                 reaped = await store.reap_dead_owners()
             except Exception as exc:
                 log.warning("looking for engines that died failed (%s); looking again in a second", exc)
+                period = HEARTBEAT_SECONDS
                 continue
+            self._others_seen(reaped.others)
+            # Alone on a store whose liveness lock cannot be lost (SQLite), there is nobody to look
+            # after often: an engine that registers is found within a third of lease_ttl.
+            alone = not reaped.others and store.alive_until() == math.inf
+            period = max(HEARTBEAT_SECONDS, self._services.config.lease_ttl / 3) if alone else HEARTBEAT_SECONDS
             if reaped.owners:
                 log.info("took over from engines that died: %s", ", ".join(reaped.owners))
                 await self._take_on_orphans(resume_summaries, mode)
@@ -389,7 +408,7 @@ async def open_engine(
                     try:
                         # A process that died left its leases and retain claims: released now, not at expiry.
                         await store.start_liveness()
-                        await store.reap_dead_owners()
+                        reaped_at_start = await store.reap_dead_owners()
                         if delivery is not None:
                             # A crashed run's sessions never reached their exit boundary: hand on their
                             # tails now (leases under this process's own name are a crashed predecessor's).
@@ -397,6 +416,7 @@ async def open_engine(
                             background.start_soon(delivery.run)
                         async with anyio.create_task_group() as tasks:
                             engine = Engine(services, tasks, delivery)
+                            engine._others_seen(reaped_at_start.others)
                             tasks.start_soon(engine._recover_orphans, resume_pending_summaries, mode)
                             if config.passivate_after is not None:
                                 tasks.start_soon(engine._sweep_idle_sessions, config.passivate_after)

@@ -762,9 +762,9 @@ class GroupCommitStore:
         liveness = self._liveness
         if liveness is None:
             return owners.NOTHING_REAPED
-        dead = await self._read(lambda db: owners.dead_owners(db, liveness, self.owner, among))
+        dead, others = await self._read(lambda db: owners.dead_owners(db, liveness, self.owner, among))
         if not dead:
-            return owners.NOTHING_REAPED
+            return owners.Reaped(others=others)
         return await self._submit(lambda db: owners.reap(db, liveness, self.owner, dead))
 
     async def load_session(self, session_id: str) -> SessionSnapshot:

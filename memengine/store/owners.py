@@ -88,6 +88,8 @@ class Reaped:
     owners: tuple[str, ...] = ()
     #: Some dead owner's claims wait for the grace: reap again a little later.
     waiting: bool = False
+    #: Other engines are registered on the store (alive or not): sessions may move between processes.
+    others: bool = False
 
 
 NOTHING_REAPED = Reaped()
@@ -129,12 +131,15 @@ def unregister(db: Db, liveness: Liveness) -> None:
     db.execute("DELETE FROM engine_owners WHERE incarnation = ?", (liveness.incarnation,))
 
 
-def dead_owners(db: Db, liveness: Liveness, own: str, among: Sequence[str] | None = None) -> list[str]:
-    """Owner names (other than ``own``) whose every registered incarnation has lost its lock."""
+def dead_owners(db: Db, liveness: Liveness, own: str, among: Sequence[str] | None = None) -> tuple[list[str], bool]:
+    """Owner names (other than ``own``) whose every registered incarnation has lost its lock.
+
+    Also whether any other engine is registered at all.
+    """
     if among is not None:
         among = [name for name in dict.fromkeys(among) if name != own]
         if not among:
-            return []
+            return [], False
         rows = db.execute(
             f"SELECT incarnation, owner, lock_key FROM engine_owners WHERE owner IN ({placeholders(len(among))})",
             among,
@@ -145,7 +150,8 @@ def dead_owners(db: Db, liveness: Liveness, own: str, among: Sequence[str] | Non
     for incarnation, owner, lock_key in rows:
         if incarnation != liveness.incarnation and owner != own:
             by_owner[owner].append((incarnation, int(lock_key)))
-    return sorted(owner for owner, incarnations in by_owner.items() if not liveness.alive(db, incarnations))
+    dead = sorted(owner for owner, incarnations in by_owner.items() if not liveness.alive(db, incarnations))
+    return dead, bool(by_owner)
 
 
 def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
@@ -180,4 +186,4 @@ def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
         )
         db.execute("DELETE FROM engine_owners WHERE owner = ?", (owner,))
         reaped.append(owner)
-    return Reaped(tuple(reaped), waiting)
+    return Reaped(tuple(reaped), waiting, others=True)
