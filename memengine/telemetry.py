@@ -1,0 +1,202 @@
+"""OpenTelemetry spans and metrics: emitted when ``opentelemetry-api`` is installed, nothing otherwise.
+
+opentelemetry is imported when an engine opens, never by ``import memengine``.
+What is emitted (see the README's "Observability"):
+
+- A span per client operation, named ``"{gen_ai.operation.name} {method}"``
+  (``create_memory add``, ``search_memory context``, ``search_memory recall``,
+  ``delete_memory delete_episodes``, ``delete_memory clear``), following the
+  GenAI memory conventions: ``gen_ai.operation.name``, ``gen_ai.conversation.id``
+  (the session id), ``gen_ai.memory.record.count`` (episodes added, returned,
+  found or deleted), and on failure ``error.type`` (the exception's class name)
+  with an error status. A cancelled call ends its span with ``error.type`` set to
+  the backend's cancellation class and no error status.
+- A span per summarizer call (``memengine.summarize``, the count is the episodes
+  folded in) and per retain sink call (``memengine.retain``, the count is the
+  batch's episodes). They are made current, so spans the summarizer or the sink
+  start (an LLM call) nest under them.
+- Content (episode text, summaries, queries) only when opted in: ``open_engine(
+  capture_content=True)``, or with ``capture_content`` left at None, the
+  environment variable ``MEMENGINE_OTEL_CAPTURE_CONTENT=true``.
+- The histogram ``gen_ai.client.operation.duration`` (seconds) for every span
+  above, with ``gen_ai.operation.name``, ``memengine.operation`` and, on
+  failure, ``error.type``; and the gauges of :class:`~memengine.stats.EngineStats`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+CAPTURE_CONTENT_ENV = "MEMENGINE_OTEL_CAPTURE_CONTENT"
+SCOPE = "memengine"
+DURATION = "gen_ai.client.operation.duration"
+
+
+def capture_content_default(capture_content: bool | None) -> bool:
+    """``capture_content`` as given, or when None, from :data:`CAPTURE_CONTENT_ENV` (default off)."""
+    if capture_content is not None:
+        if not isinstance(capture_content, bool):
+            raise TypeError(f"capture_content must be a bool or None, not {type(capture_content).__name__}")
+        return capture_content
+    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Operation:
+    """One traced operation: a span (when tracing) and a duration measurement. Use it as a context manager.
+
+    It never changes what passes through: an exception leaves ``__exit__``
+    as it came in, and a cancelled operation's span ends.
+    """
+
+    __slots__ = ("_attributes", "_content", "_count", "_span", "_started", "_telemetry", "_token")
+
+    def __init__(self, telemetry: Telemetry, operation_name: str, method: str, session_id: str | None) -> None:
+        self._telemetry = telemetry
+        self._attributes: dict[str, Any] = {"gen_ai.operation.name": operation_name, "memengine.operation": method}
+        if session_id is not None:
+            self._attributes["gen_ai.conversation.id"] = session_id
+        self._count: int | None = None
+        self._content: dict[str, str] = {}
+        self._span: Any = None
+        self._token: Any = None
+        self._started = 0.0
+
+    def count(self, records: int) -> None:
+        """Set ``gen_ai.memory.record.count``."""
+        self._count = records
+
+    def content(self, attribute: str, text: Callable[[], object]) -> None:
+        """Set a content attribute, only if content capture is on (``text`` is not called otherwise)."""
+        if self._telemetry.capture_content and self._telemetry.tracing:
+            value = text()
+            self._content[attribute] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+    def __enter__(self) -> Operation:
+        telemetry = self._telemetry
+        self._started = time.perf_counter()
+        if telemetry.tracing:
+            operation_name = self._attributes["gen_ai.operation.name"]
+            if operation_name.startswith("memengine."):  # the engine's own work: an internal span
+                self._span = telemetry.start_span(operation_name, None, self._attributes)
+            else:
+                name = f"{operation_name} {self._attributes['memengine.operation']}"
+                self._span = telemetry.start_span(name, telemetry.client_kind, self._attributes)
+            self._token = telemetry.make_current(self._span)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        telemetry = self._telemetry
+        error_type = None if kind is None else kind.__qualname__
+        try:
+            if self._span is not None:
+                telemetry.detach(self._token)
+                span = self._span
+                if self._count is not None:
+                    span.set_attribute("gen_ai.memory.record.count", self._count)
+                for attribute, value in self._content.items():
+                    span.set_attribute(attribute, value)
+                if error_type is not None:
+                    span.set_attribute("error.type", error_type)
+                    if isinstance(error, Exception):
+                        telemetry.set_error(span, error_type)
+                span.end()
+            if telemetry.duration is not None:
+                attributes = {
+                    "gen_ai.operation.name": self._attributes["gen_ai.operation.name"],
+                    "memengine.operation": self._attributes["memengine.operation"],
+                }
+                if error_type is not None:
+                    attributes["error.type"] = error_type
+                telemetry.duration.record(time.perf_counter() - self._started, attributes)
+        except Exception:  # telemetry must never change the operation's outcome
+            pass
+
+
+class Telemetry:
+    """An engine's tracer and meter, or nothing when opentelemetry is not installed."""
+
+    def __init__(self, tracer: Any = None, meter: Any = None, capture_content: bool = False) -> None:
+        self._tracer = tracer
+        self._meter = meter
+        self.capture_content = capture_content
+        self.duration: Any = None
+        self.client_kind: Any = None
+        self._api: Any = None
+        if meter is not None:
+            self.duration = meter.create_histogram(
+                DURATION, unit="s", description="Duration of memengine operations (GenAI memory operations)"
+            )
+
+    @property
+    def tracing(self) -> bool:
+        return self._tracer is not None
+
+    @property
+    def metering(self) -> bool:
+        return self._meter is not None
+
+    @classmethod
+    def start(cls, tracer_provider: Any = None, meter_provider: Any = None, capture_content: bool = False) -> Telemetry:
+        """From the given providers (default: the global ones), or a no-op one without opentelemetry."""
+        try:
+            from opentelemetry import context, metrics, trace
+        except ImportError:
+            if tracer_provider is not None or meter_provider is not None:
+                raise ImportError(
+                    "tracer_provider and meter_provider need opentelemetry-api: pip install 'agent-memengine[otel]'"
+                ) from None
+            return cls(capture_content=capture_content)
+        from ._version import installed_version
+
+        version = installed_version()
+        tracer = trace.get_tracer(SCOPE, version, tracer_provider)
+        meter = metrics.get_meter(SCOPE, version, meter_provider)
+        telemetry = cls(tracer, meter, capture_content)
+        telemetry._api = (context, trace)
+        telemetry.client_kind = trace.SpanKind.CLIENT
+        return telemetry
+
+    def operation(self, operation_name: str, method: str, session_id: str | None = None) -> Operation:
+        return Operation(self, operation_name, method, session_id)
+
+    def start_span(self, name: str, kind: Any, attributes: dict[str, Any]) -> Any:
+        if kind is None:
+            return self._tracer.start_span(name, attributes=attributes)
+        return self._tracer.start_span(name, kind=kind, attributes=attributes)
+
+    def make_current(self, span: Any) -> Any:
+        context, trace = self._api
+        return context.attach(trace.set_span_in_context(span))
+
+    def detach(self, token: Any) -> None:
+        context, _ = self._api
+        context.detach(token)
+
+    def set_error(self, span: Any, error_type: str) -> None:
+        _, trace = self._api
+        span.set_status(trace.Status(trace.StatusCode.ERROR, error_type))
+
+    def observe(self, gauges: Iterable[tuple[str, str, str, Callable[[], float | None]]]) -> None:
+        """Register observable gauges: (name, unit, description, read the current value or None)."""
+        if self._meter is None:
+            return
+        from opentelemetry.metrics import Observation
+
+        for name, unit, description, read in gauges:
+
+            def callback(options: Any, read: Callable[[], float | None] = read) -> list[Observation]:
+                value = read()
+                return [] if value is None else [Observation(value)]
+
+            self._meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)
+
+
+#: For actors created without an engine (tests, tools): emits nothing.
+NO_TELEMETRY = Telemetry()
