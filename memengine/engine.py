@@ -133,45 +133,24 @@ class Engine:
     def _episodes_waiting_for_summary(self) -> int:
         return sum(actor.episodes_waiting_for_summary for actor in self._actors.values())
 
-    def _observe(self) -> None:
-        """Register the gauges of :class:`EngineStats` (the outbox ones read :meth:`_sample_outbox`'s sample).
+    def _gauge_figures(self) -> dict[str, float] | None:
+        """The figures of memengine's gauges (memengine/telemetry.py), or None once closed.
 
-        A closed engine's gauges report nothing.
+        The outbox figures are the last sample :meth:`_sample_outbox` took (a gauge cannot await).
         """
-        actors = self._actors
-
-        def sample(index: int) -> float | None:
-            return None if self._outbox_sample is None or self._closed else self._outbox_sample[index]
-
-        self._telemetry.observe(
-            [
-                (
-                    "memengine.sessions.active",
-                    "{session}",
-                    "Sessions activated in this process",
-                    lambda: None if self._closed else len(actors),
-                ),
-                (
-                    "memengine.mailbox.depth",
-                    "{message}",
-                    "Messages waiting in the mailboxes of all active sessions (sum)",
-                    lambda: None if self._closed else sum(actor.mailbox.depth for actor in actors.values()),
-                ),
-                (
-                    "memengine.summary.waiting_episodes",
-                    "{episode}",
-                    "Evicted episodes of active sessions that no stored summary covers yet",
-                    lambda: None if self._closed else self._episodes_waiting_for_summary(),
-                ),
-                ("memengine.retain.outbox.depth", "{batch}", "Batches not yet delivered", lambda: sample(0)),
-                (
-                    "memengine.retain.outbox.oldest_age",
-                    "s",
-                    "Age of the oldest undelivered batch",
-                    lambda: sample(1),
-                ),
-            ]
-        )
+        if self._closed:
+            return None
+        figures: dict[str, float] = {
+            "memengine.sessions.active": len(self._actors),
+            "memengine.mailbox.depth": sum(actor.mailbox.depth for actor in self._actors.values()),
+            "memengine.summary.waiting_episodes": self._episodes_waiting_for_summary(),
+        }
+        if self._outbox_sample is not None:
+            depth, oldest_age = self._outbox_sample
+            figures["memengine.retain.outbox.depth"] = depth
+            if oldest_age is not None:
+                figures["memengine.retain.outbox.oldest_age"] = oldest_age
+        return figures
 
     async def _sample_outbox(self) -> None:
         """Read the outbox figures for the gauges every :data:`OUTBOX_SAMPLE_SECONDS` (a gauge cannot await)."""
@@ -503,7 +482,7 @@ async def open_engine(
                             tasks.start_soon(engine._watch_owners, resume_pending_summaries, mode)
                             tasks.start_soon(engine._hand_over_wanted)
                             if telemetry.metering:
-                                engine._observe()
+                                telemetry.observe(engine)
                                 tasks.start_soon(engine._sample_outbox)
                             try:
                                 yield engine

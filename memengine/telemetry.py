@@ -28,9 +28,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 CAPTURE_CONTENT_ENV = "MEMENGINE_OTEL_CAPTURE_CONTENT"
 SCOPE = "memengine"
@@ -129,6 +130,7 @@ class Telemetry:
         self.duration: Any = None
         self.client_kind: Any = None
         self._api: Any = None
+        self._meter_provider: Any = None
         if meter is not None:
             self.duration = meter.create_histogram(
                 DURATION, unit="s", description="Duration of memengine operations (GenAI memory operations)"
@@ -159,6 +161,7 @@ class Telemetry:
         tracer = trace.get_tracer(SCOPE, version, tracer_provider)
         meter = metrics.get_meter(SCOPE, version, meter_provider)
         telemetry = cls(tracer, meter, capture_content)
+        telemetry._meter_provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         telemetry._api = (context, trace)
         telemetry.client_kind = trace.SpanKind.CLIENT
         return telemetry
@@ -183,19 +186,61 @@ class Telemetry:
         _, trace = self._api
         span.set_status(trace.Status(trace.StatusCode.ERROR, error_type))
 
-    def observe(self, gauges: Iterable[tuple[str, str, str, Callable[[], float | None]]]) -> None:
-        """Register observable gauges: (name, unit, description, read the current value or None)."""
-        if self._meter is None:
-            return
+    def observe(self, engine: Observed) -> None:
+        """Show ``engine``'s figures in the gauges of this meter provider, while it is open."""
+        if self._meter is not None:
+            _gauges_of(self._meter_provider, self._meter).engines.add(engine)
+
+
+class Observed(Protocol):
+    def _gauge_figures(self) -> dict[str, float] | None: ...
+
+
+#: The gauges: name, unit, description, and how the figures of several open engines combine.
+GAUGES: tuple[tuple[str, str, str, Callable[[list[float]], float]], ...] = (
+    ("memengine.sessions.active", "{session}", "Sessions activated in this process", sum),
+    ("memengine.mailbox.depth", "{message}", "Messages waiting in the mailboxes of active sessions (sum)", sum),
+    (
+        "memengine.summary.waiting_episodes",
+        "{episode}",
+        "Evicted episodes of active sessions that no stored summary covers yet",
+        sum,
+    ),
+    # Per store, not per process: engines of one process normally share a store, so the largest.
+    ("memengine.retain.outbox.depth", "{batch}", "Retain batches not yet delivered (sampled every 5 s)", max),
+    ("memengine.retain.outbox.oldest_age", "s", "Age of the oldest undelivered retain batch", max),
+)
+
+
+class _Gauges:
+    """One set of gauges per meter provider, over every engine open on it (a gauge cannot be unregistered)."""
+
+    def __init__(self, meter: Any) -> None:
+        self.engines: weakref.WeakSet[Observed] = weakref.WeakSet()
         from opentelemetry.metrics import Observation
 
-        for name, unit, description, read in gauges:
+        def callback_for(name: str, combine: Callable[[list[float]], float]) -> Callable[[Any], list[Observation]]:
+            def callback(options: Any) -> list[Observation]:
+                figures = [engine._gauge_figures() for engine in list(self.engines)]
+                values = [found[name] for found in figures if found is not None and name in found]
+                return [Observation(combine(values))] if values else []
 
-            def callback(options: Any, read: Callable[[], float | None] = read) -> list[Observation]:
-                value = read()
-                return [] if value is None else [Observation(value)]
+            return callback
 
-            self._meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)
+        for name, unit, description, combine in GAUGES:
+            meter.create_observable_gauge(
+                name, callbacks=[callback_for(name, combine)], unit=unit, description=description
+            )
+
+
+_gauges: weakref.WeakKeyDictionary[Any, _Gauges] = weakref.WeakKeyDictionary()
+
+
+def _gauges_of(provider: Any, meter: Any) -> _Gauges:
+    gauges = _gauges.get(provider)
+    if gauges is None:
+        gauges = _gauges[provider] = _Gauges(meter)
+    return gauges
 
 
 #: For actors created without an engine (tests, tools): emits nothing.

@@ -244,3 +244,16 @@ async def test_memengine_works_without_opentelemetry(db_path, monkeypatch) -> No
 def test_importing_memengine_does_not_import_opentelemetry() -> None:
     code = "import sys, memengine; assert not any(m.startswith('opentelemetry') for m in sys.modules), 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_gauges_follow_the_open_engines_of_a_meter_provider(tmp_path, telemetry) -> None:
+    async with open_engine(tmp_path / "a.db", **telemetry.providers()) as engine:
+        await engine.session("s1").add(turns(1))
+        assert telemetry.gauge("memengine.sessions.active") == 1
+    assert "memengine.sessions.active" not in telemetry.metrics()  # a closed engine reports nothing
+    async with open_engine(tmp_path / "b.db", **telemetry.providers()) as first:
+        async with open_engine(tmp_path / "c.db", **telemetry.providers()) as second:
+            await first.session("s1").add(turns(1))
+            await second.session("s1").add(turns(1))
+            await second.session("s2").add(turns(1))
+            assert telemetry.gauge("memengine.sessions.active") == 3  # one gauge, summed over the open engines
