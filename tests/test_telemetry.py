@@ -100,13 +100,23 @@ async def test_client_operations_are_genai_memory_spans(db_path, telemetry) -> N
 
 
 async def test_content_is_recorded_when_opted_in(db_path, telemetry) -> None:
-    async with open_engine(db_path, capture_content=True, **telemetry.providers()) as engine:
+    sink = RecordingSink()
+    config = SessionConfig(max_episodes=2, retain_every=1)
+    async with open_engine(
+        db_path, capture_content=True, config=config, retain_sink=sink, **telemetry.providers()
+    ) as engine:
         session = engine.session("s1")
         await session.add([Episode("user", "the secret is pelican")])
         await session.context()
         await engine.recall("pelican")
-    assert "the secret is pelican" in attributes(telemetry.span("create_memory add"))["gen_ai.memory.content"]
-    assert "the secret is pelican" in attributes(telemetry.span("search_memory context"))["gen_ai.memory.content"]
+        await session.add(turns(2))
+        await session.context(wait_for_summary=True)
+        with anyio.fail_after(10):
+            await sink.wait_for(2)
+    assert "pelican" in attributes(telemetry.spans("memengine.summarize")[0])["memengine.summary"]
+    assert "pelican" in attributes(telemetry.spans("memengine.retain")[0])["gen_ai.memory.content"]
+    assert "the secret is pelican" in attributes(telemetry.spans("create_memory add")[0])["gen_ai.memory.content"]
+    assert "the secret is pelican" in attributes(telemetry.spans("search_memory context")[0])["gen_ai.memory.content"]
     recall = attributes(telemetry.span("search_memory recall"))
     assert recall["gen_ai.memory.query.text"] == "pelican"
     assert "gen_ai.conversation.id" not in recall  # a search over every session

@@ -256,6 +256,7 @@ class RetainDelivery:
                 with anyio.move_on_after(timeout):
                     with self._telemetry.operation("memengine.retain", "retain", entry.session_id) as traced:
                         traced.count(len(entry.episodes))
+                        traced.content("gen_ai.memory.content", lambda: [[e.role, e.content] for e in entry.episodes])
                         await self._sink.retain(_batch(entry))
                     if anyio.current_time() >= call.valid_until:
                         log.warning(
