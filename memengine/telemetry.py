@@ -13,8 +13,10 @@ What is emitted (see the README's "Observability"):
   the backend's cancellation class and no error status.
 - A span per summarizer call (``memengine.summarize``, the count is the episodes
   folded in) and per retain sink call (``memengine.retain``, the count is the
-  batch's episodes). They are made current, so spans the summarizer or the sink
-  start (an LLM call) nest under them.
+  batch's episodes). Client spans are children of the caller's current span;
+  these two are roots (the engine's own tasks run them, after the call that
+  caused them), made current so spans the summarizer or the sink start (an
+  LLM call) nest under them.
 - Content (episode text, summaries, queries) only when opted in: ``open_engine(
   capture_content=True)``, or with ``capture_content`` left at None, the
   environment variable ``MEMENGINE_OTEL_CAPTURE_CONTENT=true``.
@@ -82,12 +84,18 @@ class Operation:
         self._started = time.perf_counter()
         if telemetry.tracing:
             operation_name = self._attributes["gen_ai.operation.name"]
-            if operation_name.startswith("memengine."):  # the engine's own work: an internal span
+            if operation_name.startswith("memengine."):
+                # The engine's own work, in a task of the engine's: a root span, since the task's context
+                # is whatever call happened to activate the session. Current while the summarizer or
+                # sink runs, so the spans they start nest under it.
                 self._span = telemetry.start_span(operation_name, None, self._attributes)
+                self._token = telemetry.make_current(self._span)
             else:
+                # A caller's operation: a child of the caller's current span. Not made current: the
+                # work happens in the session's actor, and a task the call starts (an activation)
+                # must not inherit it.
                 name = f"{operation_name} {self._attributes['memengine.operation']}"
                 self._span = telemetry.start_span(name, telemetry.client_kind, self._attributes)
-            self._token = telemetry.make_current(self._span)
         return self
 
     def __exit__(
@@ -96,8 +104,9 @@ class Operation:
         telemetry = self._telemetry
         error_type = None if kind is None else kind.__qualname__
         try:
-            if self._span is not None:
+            if self._token is not None:
                 telemetry.detach(self._token)
+            if self._span is not None:
                 span = self._span
                 if self._count is not None:
                     span.set_attribute("gen_ai.memory.record.count", self._count)
@@ -170,8 +179,10 @@ class Telemetry:
         return Operation(self, operation_name, method, session_id)
 
     def start_span(self, name: str, kind: Any, attributes: dict[str, Any]) -> Any:
+        """A child of the current span with a ``kind``; without one, an internal root span."""
         if kind is None:
-            return self._tracer.start_span(name, attributes=attributes)
+            context, _ = self._api
+            return self._tracer.start_span(name, context=context.Context(), attributes=attributes)
         return self._tracer.start_span(name, kind=kind, attributes=attributes)
 
     def make_current(self, span: Any) -> Any:

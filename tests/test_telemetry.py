@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import anyio
+import anyio.lowlevel
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -267,3 +268,33 @@ async def test_gauges_follow_the_open_engines_of_a_meter_provider(tmp_path, tele
             await second.session("s1").add(turns(1))
             await second.session("s2").add(turns(1))
             assert telemetry.gauge("memengine.sessions.active") == 3  # one gauge, summed over the open engines
+
+
+class TracingSummarizer:
+    """A summarizer that calls a "model" in a span of its own, as an instrumented LLM client would."""
+
+    def __init__(self, tracer_provider: TracerProvider) -> None:
+        self.tracer = tracer_provider.get_tracer("a model client")
+
+    async def summarize(self, previous, episodes) -> str:
+        with self.tracer.start_as_current_span("chat model"):
+            await anyio.lowlevel.checkpoint()
+            return f"{len(episodes)} episodes"
+
+
+async def test_spans_nest_under_the_callers_and_a_summarizers_under_its_call(db_path, telemetry) -> None:
+    summarizer = TracingSummarizer(telemetry.tracer_provider)
+    caller = telemetry.tracer_provider.get_tracer("the application")
+    config = SessionConfig(max_episodes=2)
+    async with open_engine(db_path, summarizer=summarizer, config=config, **telemetry.providers()) as engine:
+        with caller.start_as_current_span("handle a request") as request:
+            session = engine.session("s1")  # activated inside the request: its tasks copy the request's context
+            await session.add(turns(3))
+            await session.context(wait_for_summary=True)
+    add = telemetry.span("create_memory add")
+    assert add.parent is not None and add.parent.span_id == request.get_span_context().span_id
+    summarize = telemetry.span("memengine.summarize")
+    assert summarize.parent is None  # the engine's own work: a root, correlated by gen_ai.conversation.id
+    model = telemetry.span("chat model")
+    assert model.parent is not None and model.parent.span_id == summarize.context.span_id
+    assert model.context.trace_id == summarize.context.trace_id
