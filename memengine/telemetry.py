@@ -141,9 +141,7 @@ class Telemetry:
         self._api: Any = None
         self._meter_provider: Any = None
         if meter is not None:
-            self.duration = meter.create_histogram(
-                DURATION, unit="s", description="Duration of memengine operations (GenAI memory operations)"
-            )
+            self.duration = _duration_histogram(meter)
 
     @property
     def tracing(self) -> bool:
@@ -252,6 +250,22 @@ def _gauges_of(provider: Any, meter: Any) -> _Gauges:
     if gauges is None:
         gauges = _gauges[provider] = _Gauges(meter)
     return gauges
+
+
+#: The GenAI conventions' buckets for gen_ai.client.operation.duration, below 10 ms finer: most memory
+#: operations take a few milliseconds.
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                    20.48, 40.96, 81.92)  # fmt: skip
+
+
+def _duration_histogram(meter: Any) -> Any:
+    description = "Duration of memengine operations (GenAI memory operations, summarizer and sink calls)"
+    try:
+        return meter.create_histogram(
+            DURATION, unit="s", description=description, explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS)
+        )
+    except TypeError:  # opentelemetry-api before 1.23 takes no advisory
+        return meter.create_histogram(DURATION, unit="s", description=description)
 
 
 #: For actors created without an engine (tests, tools): emits nothing.

@@ -150,6 +150,9 @@ async def test_a_failing_operation_has_its_error_type_and_leaves_unchanged(db_pa
         for point in metric.data.data_points
     }
     assert ("delete_episodes", "ValueError") in durations
+    (histogram,) = telemetry.metrics()["gen_ai.client.operation.duration"]
+    assert histogram.unit == "s"
+    assert histogram.data.data_points[0].explicit_bounds[:2] == (0.0005, 0.001)
     assert ("add", "SessionClosedError") in durations
 
 
