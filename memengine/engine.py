@@ -137,13 +137,16 @@ class Engine:
         """The figures of memengine's gauges (memengine/telemetry.py), or None once closed.
 
         The outbox figures are the last sample :meth:`_sample_outbox` took (a gauge cannot await).
+        A metric reader may call this from a thread of its own: it only reads, from a copy of the
+        activations taken in one step (atomic under the GIL).
         """
         if self._closed:
             return None
+        actors = list(self._actors.values())
         figures: dict[str, float] = {
-            "memengine.sessions.active": len(self._actors),
-            "memengine.mailbox.depth": sum(actor.mailbox.depth for actor in self._actors.values()),
-            "memengine.summary.waiting_episodes": self._episodes_waiting_for_summary(),
+            "memengine.sessions.active": len(actors),
+            "memengine.mailbox.depth": sum(actor.mailbox.depth for actor in actors),
+            "memengine.summary.waiting_episodes": sum(actor.episodes_waiting_for_summary for actor in actors),
         }
         if self._outbox_sample is not None:
             depth, oldest_age = self._outbox_sample

@@ -243,10 +243,17 @@ class _Gauges:
 
 
 _gauges: weakref.WeakKeyDictionary[Any, _Gauges] = weakref.WeakKeyDictionary()
+_gauges_of_lasting: dict[int, tuple[Any, _Gauges]] = {}  # providers that take no weak reference
 
 
 def _gauges_of(provider: Any, meter: Any) -> _Gauges:
-    gauges = _gauges.get(provider)
+    try:
+        gauges = _gauges.get(provider)
+    except TypeError:
+        kept = _gauges_of_lasting.get(id(provider))
+        if kept is None:
+            kept = _gauges_of_lasting[id(provider)] = (provider, _Gauges(meter))
+        return kept[1]
     if gauges is None:
         gauges = _gauges[provider] = _Gauges(meter)
     return gauges

@@ -301,3 +301,23 @@ async def test_spans_nest_under_the_callers_and_a_summarizers_under_its_call(db_
     model = telemetry.span("chat model")
     assert model.parent is not None and model.parent.span_id == summarize.context.span_id
     assert model.context.trace_id == summarize.context.trace_id
+
+
+class SlottedMeterProvider:
+    """A meter provider that takes no weak reference (``__slots__``, no ``__weakref__``)."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: MeterProvider) -> None:
+        self.inner = inner
+
+    def get_meter(self, name, version=None, schema_url=None, attributes=None):
+        return self.inner.get_meter(name, version, schema_url, attributes)
+
+
+async def test_a_meter_provider_without_weak_references_gets_its_gauges_once(tmp_path, telemetry) -> None:
+    provider = SlottedMeterProvider(telemetry.meter_provider)
+    for name in ("a.db", "b.db"):
+        async with open_engine(tmp_path / name, meter_provider=provider) as engine:
+            await engine.session("s1").add(turns(1))
+            assert telemetry.gauge("memengine.sessions.active") == 1
