@@ -38,7 +38,7 @@ log = logging.getLogger("memengine")
 #: How often an engine looks for sessions another process waits for (store/handover.py).
 HAND_OVER_SECONDS = 0.25
 
-#: How often the outbox gauges' figures are read from the store (only while opentelemetry is installed).
+#: How often the outbox gauges' figures are read from the store (with opentelemetry installed and a retain sink).
 OUTBOX_SAMPLE_SECONDS = 5.0
 
 
@@ -486,7 +486,8 @@ async def open_engine(
                             tasks.start_soon(engine._hand_over_wanted)
                             if telemetry.metering:
                                 telemetry.observe(engine)
-                                tasks.start_soon(engine._sample_outbox)
+                                if delivery is not None:  # without a sink, nothing is added to the outbox
+                                    tasks.start_soon(engine._sample_outbox)
                             try:
                                 yield engine
                             except BaseException as exc:
