@@ -22,6 +22,7 @@ from .errors import (
 from .retain.batch import RetainBatch, RetainSink
 from .retain.delivery import RetainMetrics
 from .session.handle import Session
+from .stats import EngineStats
 from .store.base import Recalled
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.openai import OpenAISummarizer
@@ -42,6 +43,7 @@ __all__ = [
     "Engine",
     "EngineClosedError",
     "EngineFailedError",
+    "EngineStats",
     "Episode",
     "ExtractiveSummarizer",
     "LeaseLostError",

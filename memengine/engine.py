@@ -25,17 +25,22 @@ from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
 from .session.messages import ClientMessage, HandOver, LeaseLost, Tick
 from .session.retain_flush import RetainPlan
+from .stats import EngineStats
 from .store.base import Recalled, Store
 from .store.liveness import HEARTBEAT_SECONDS
 from .store.open import open_store
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.protocol import Summarizer
+from .telemetry import Telemetry, capture_content_default
 from .tokens import checked
 
 log = logging.getLogger("memengine")
 
 #: How often an engine looks for sessions another process waits for (store/handover.py).
 HAND_OVER_SECONDS = 0.25
+
+#: How often the outbox gauges' figures are read from the store (with opentelemetry installed and a retain sink).
+OUTBOX_SAMPLE_SECONDS = 5.0
 
 
 class Engine:
@@ -50,6 +55,8 @@ class Engine:
         self, services: SessionServices, tasks: anyio.abc.TaskGroup, delivery: RetainDelivery | None = None
     ) -> None:
         self._services = services
+        self._telemetry = services.telemetry
+        self._outbox_sample: tuple[int, float | None] | None = None  # for the outbox gauges
         self._tasks = tasks
         self._delivery = delivery
         self._actors: dict[str, SessionActor] = {}
@@ -92,14 +99,77 @@ class Engine:
         stored episodes first. Works with or without a retain sink. A
         checkpoint; if cancelled, nothing changes.
         """
-        if not isinstance(query, str):
-            raise TypeError(f"query must be a str, not {type(query).__name__}")
-        require_int("recall's limit", limit, 1, MAX_RECALL_LIMIT)
-        if session_id is not None:
-            self.session(session_id)  # the same validation as a handle
+        with self._telemetry.operation(
+            "search_memory", "recall", session_id if isinstance(session_id, str) else None
+        ) as traced:
+            if not isinstance(query, str):
+                raise TypeError(f"query must be a str, not {type(query).__name__}")
+            require_int("recall's limit", limit, 1, MAX_RECALL_LIMIT)
+            if session_id is not None:
+                self.session(session_id)  # the same validation as a handle
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            traced.content("gen_ai.memory.query.text", lambda: query)
+            found = await self._services.store.recall(query, session_id, limit)
+            traced.count(len(found))
+            return found
+
+    async def stats(self) -> EngineStats:
+        """Active sessions, mailbox depth, episodes waiting for a summary, and the retain outbox.
+
+        The same figures as memengine's OpenTelemetry gauges, with or without
+        opentelemetry installed. Reads the store for the outbox figures: a
+        checkpoint; if cancelled, nothing changes.
+        """
+        outbox = RetainMetrics.of(await self._services.store.outbox_state(), 0, 0)
+        depths = [actor.mailbox.depth for actor in self._actors.values()]
+        return EngineStats(
+            active_sessions=len(self._actors),
+            mailbox_depth=sum(depths),
+            mailbox_depth_max=max(depths, default=0),
+            episodes_waiting_for_summary=self._episodes_waiting_for_summary(),
+            outbox_depth=outbox.outbox_depth,
+            oldest_undelivered_age=outbox.oldest_undelivered_age,
+        )
+
+    def _episodes_waiting_for_summary(self) -> int:
+        return sum(actor.episodes_waiting_for_summary for actor in self._actors.values())
+
+    def _gauge_figures(self) -> dict[str, float] | None:
+        """The figures of memengine's gauges (memengine/telemetry.py), or None once closed.
+
+        The outbox figures are the last sample :meth:`_sample_outbox` took (a gauge cannot await).
+        A metric reader may call this from a thread of its own: it only reads, from a copy of the
+        activations taken in one step (atomic under the GIL).
+        """
         if self._closed:
-            raise EngineClosedError("the engine is closed")
-        return await self._services.store.recall(query, session_id, limit)
+            return None
+        actors = list(self._actors.values())
+        figures: dict[str, float] = {
+            "memengine.sessions.active": len(actors),
+            "memengine.mailbox.depth": sum(actor.mailbox.depth for actor in actors),
+            "memengine.summary.waiting_episodes": sum(actor.episodes_waiting_for_summary for actor in actors),
+        }
+        if self._outbox_sample is not None:
+            depth, oldest_age = self._outbox_sample
+            figures["memengine.retain.outbox.depth"] = depth
+            if oldest_age is not None:
+                figures["memengine.retain.outbox.oldest_age"] = oldest_age
+        return figures
+
+    async def _sample_outbox(self) -> None:
+        """Read the outbox figures for the gauges every :data:`OUTBOX_SAMPLE_SECONDS` (a gauge cannot await)."""
+        while True:
+            await self._sample_outbox_once()
+            await anyio.sleep(OUTBOX_SAMPLE_SECONDS)
+
+    async def _sample_outbox_once(self) -> None:
+        try:
+            outbox = RetainMetrics.of(await self._services.store.outbox_state(), 0, 0)
+        except Exception as exc:
+            log.warning("reading the outbox figures for the gauges failed (%s)", exc)
+            return
+        self._outbox_sample = (outbox.outbox_depth, outbox.oldest_undelivered_age)
 
     async def retain_metrics(self) -> RetainMetrics:
         """Outbox depth, age of the oldest undelivered batch, deliveries and failures so far."""
@@ -334,6 +404,9 @@ async def open_engine(
     record_to: str | os.PathLike[str] | None = None,
     synchronous: str = "NORMAL",
     owner: str | None = None,
+    capture_content: bool | None = None,
+    tracer_provider: object | None = None,
+    meter_provider: object | None = None,
 ) -> AsyncIterator[Engine]:
     """Open the store at ``path`` and run an engine for the block's duration.
 
@@ -371,6 +444,13 @@ async def open_engine(
     With ``record_to``, every message a session handles is appended to that
     JSON-lines file (see :mod:`memengine.replay`); ``memengine replay`` plays
     such a log into a fresh store.
+
+    With ``opentelemetry-api`` installed (the ``otel`` extra), the engine emits
+    spans and metrics (see :mod:`memengine.telemetry`) through
+    ``tracer_provider`` and ``meter_provider``, by default the global ones;
+    without it, nothing. Episode text, summaries and queries go into spans
+    only with ``capture_content=True`` (None: the environment variable
+    ``MEMENGINE_OTEL_CAPTURE_CONTENT=true``; default off).
     """
     if config is None:
         config = SessionConfig()
@@ -394,15 +474,16 @@ async def open_engine(
 
     if owner is not None:
         require_text("owner", owner, max_bytes=MAX_OWNER_BYTES)
+    telemetry = Telemetry.start(tracer_provider, meter_provider, capture_content_default(capture_content))
     body_error: BaseException | None = None
     failure: BaseException | None
     try:
         async with open_store(path, synchronous=synchronous, owner=owner) as store:
             recorder = None if record_to is None else MessageRecorder(record_to, config=config, summarizer=summarizer)
-            delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, config)
+            delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, config, telemetry)
             plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
             slots = anyio.CapacityLimiter(max_concurrent_summaries)
-            services = SessionServices(store, summarizer, config, slots, plan, recorder)
+            services = SessionServices(store, summarizer, config, slots, plan, recorder, telemetry)
             try:
                 async with anyio.create_task_group() as background:
                     try:
@@ -423,6 +504,10 @@ async def open_engine(
                             tasks.start_soon(engine._renew_leases)
                             tasks.start_soon(engine._watch_owners, resume_pending_summaries, mode)
                             tasks.start_soon(engine._hand_over_wanted)
+                            if telemetry.metering:
+                                telemetry.observe(engine)
+                                if delivery is not None:  # without a sink, nothing is added to the outbox
+                                    tasks.start_soon(engine._sample_outbox)
                             try:
                                 yield engine
                             except BaseException as exc:

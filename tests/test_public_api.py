@@ -18,6 +18,7 @@ def test_exports_are_deliberate() -> None:
         "Engine",
         "EngineClosedError",
         "EngineFailedError",
+        "EngineStats",
         "Episode",
         "ExtractiveSummarizer",
         "LeaseLostError",

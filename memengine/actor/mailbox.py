@@ -57,6 +57,11 @@ class Mailbox(Generic[T]):
     def empty(self) -> bool:
         return not self._queue
 
+    @property
+    def depth(self) -> int:
+        """How many messages wait in the queue (clients' and the actor's own)."""
+        return len(self._queue)
+
     def has_room(self) -> bool:
         return self._from_clients < self._capacity
 

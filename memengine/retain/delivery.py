@@ -55,6 +55,7 @@ import attrs
 from ..config import SessionConfig
 from ..retrying import retry_delay
 from ..store.base import DueBatch, DueRetains, OutboxEntry, OutboxState, Store
+from ..telemetry import NO_TELEMETRY, Telemetry
 from .batch import RetainBatch, RetainSink
 
 log = logging.getLogger("memengine.retain")
@@ -133,7 +134,10 @@ class RetainDelivery:
     failed (timeouts included) in this process.
     """
 
-    def __init__(self, store: Store, sink: RetainSink, config: SessionConfig) -> None:
+    def __init__(
+        self, store: Store, sink: RetainSink, config: SessionConfig, telemetry: Telemetry = NO_TELEMETRY
+    ) -> None:
+        self._telemetry = telemetry
         self._store = store
         self._sink = sink
         self._config = config
@@ -250,7 +254,10 @@ class RetainDelivery:
         try:
             with call.scope:
                 with anyio.move_on_after(timeout):
-                    await self._sink.retain(_batch(entry))
+                    with self._telemetry.operation("memengine.retain", "retain", entry.session_id) as traced:
+                        traced.count(len(entry.episodes))
+                        traced.content("gen_ai.memory.content", lambda: [[e.role, e.content] for e in entry.episodes])
+                        await self._sink.retain(_batch(entry))
                     if anyio.current_time() >= call.valid_until:
                         log.warning(
                             "the retain sink returned batch %r after this process's claim on it could have lapsed; "

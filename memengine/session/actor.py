@@ -42,6 +42,7 @@ from ..replay import MessageRecorder
 from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
+from ..telemetry import NO_TELEMETRY, Telemetry
 from .add_batch import AddBatch
 from .lease import SessionLease
 from .messages import (
@@ -76,6 +77,7 @@ class SessionServices:
     summary_slots: anyio.CapacityLimiter
     retain: RetainPlan | None = None
     recorder: MessageRecorder | None = None
+    telemetry: Telemetry = NO_TELEMETRY
 
 
 class _HandOn(Exception):
@@ -105,7 +107,13 @@ class SessionActor:
         self._hand_on = hand_on
         self._lease = SessionLease(session_id, services.store, config)
         self._child = SummarizerActor(
-            session_id, services.summarizer, services.store, config, services.summary_slots, self.mailbox.put
+            session_id,
+            services.summarizer,
+            services.store,
+            config,
+            services.summary_slots,
+            self.mailbox.put,
+            services.telemetry,
         )
         self._count_tokens = tokenizer_of(config, session_id)
         self._summary = SessionSummary(self._child, config, self._count_tokens)
@@ -144,6 +152,11 @@ class SessionActor:
     def token(self) -> int | None:
         """The lease's fencing token once activated."""
         return self._lease.token
+
+    @property
+    def episodes_waiting_for_summary(self) -> int:
+        """Evicted episodes that no stored summary covers yet."""
+        return self._window.evicted
 
     def lease_renewed(self, asked_at: float) -> None:
         self._lease.renewed(asked_at)

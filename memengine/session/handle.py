@@ -60,10 +60,16 @@ class Session:
         not stored again; the earlier stored episode is returned in its place.
         A rejected argument stores nothing.
         """
-        batch = _checked_batch(_episodes_argument(episodes), self._engine.config)
-        if not batch:
-            return await self._request(None, ())
-        return await self._request(lambda reply: AddEpisodes(batch, reply))
+        with self._engine._telemetry.operation("create_memory", "add", self._id) as traced:
+            batch = _checked_batch(_episodes_argument(episodes), self._engine.config)
+            stored: tuple[Episode, ...]
+            if batch:
+                stored = await self._request(lambda reply: AddEpisodes(batch, reply))
+            else:
+                stored = await self._request(None, ())
+            traced.count(len(stored))
+            traced.content("gen_ai.memory.content", lambda: [[episode.role, episode.content] for episode in stored])
+            return stored
 
     async def context(self, *, wait_for_summary: bool = False) -> Context:
         """The summary and the raw episodes after it, with no gap and no overlap.
@@ -73,9 +79,13 @@ class Session:
         affects no one else: the summarizer keeps going. ``wait_for_summary``
         must be a bool (``TypeError`` otherwise: ``"no"`` would be true).
         """
-        if not isinstance(wait_for_summary, bool):
-            raise TypeError(f"wait_for_summary must be a bool, not {type(wait_for_summary).__name__}")
-        return await self._request(lambda reply: ReadContext(wait_for_summary, reply))
+        with self._engine._telemetry.operation("search_memory", "context", self._id) as traced:
+            if not isinstance(wait_for_summary, bool):
+                raise TypeError(f"wait_for_summary must be a bool, not {type(wait_for_summary).__name__}")
+            context: Context = await self._request(lambda reply: ReadContext(wait_for_summary, reply))
+            traced.count(len(context.episodes))
+            traced.content("gen_ai.memory.content", context.to_openai_chat)
+            return context
 
     async def delete_episodes(self, seqs: Iterable[int]) -> int:
         """Delete episodes by seq; return how many existed and were deleted.
@@ -85,17 +95,23 @@ class Session:
         Every summary that covered a deleted episode is dropped, and the
         remaining episodes are summarized again in the background.
         """
-        wanted = _seqs_argument(seqs)
-        if not wanted:
-            return await self._request(None, 0)
-        return await self._request(lambda reply: DeleteEpisodes(wanted, reply))
+        with self._engine._telemetry.operation("delete_memory", "delete_episodes", self._id) as traced:
+            wanted = _seqs_argument(seqs)
+            deleted: int
+            if wanted:
+                deleted = await self._request(lambda reply: DeleteEpisodes(wanted, reply))
+            else:
+                deleted = await self._request(None, 0)
+            traced.count(deleted)
+            return deleted
 
     async def clear(self) -> None:
         """Delete every episode and summary of the session, in memory and in the store.
 
         A summary being computed at that moment can never be stored.
         """
-        await self._request(ClearSession)
+        with self._engine._telemetry.operation("delete_memory", "clear", self._id):
+            await self._request(ClearSession)
 
     async def close(self) -> None:
         """Close this handle; every later call on it raises :class:`SessionClosedError`.

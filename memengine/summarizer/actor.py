@@ -27,6 +27,7 @@ from ..errors import LeaseLostError, SummaryError, UncertainCommitError
 from ..retrying import backoff_retrying
 from ..session.messages import SummaryFailed, SummaryStored
 from ..store.base import Store
+from ..telemetry import NO_TELEMETRY, Telemetry
 from .protocol import Summarizer
 
 log = logging.getLogger("memengine.summarizer")
@@ -60,6 +61,7 @@ class SummarizerActor:
         config: SessionConfig,
         limiter: anyio.CapacityLimiter,
         acknowledge: Callable[[SummaryStored | SummaryFailed], None],
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self._session_id = session_id
         self._summarizer = summarizer
@@ -67,6 +69,7 @@ class SummarizerActor:
         self._config = config
         self._limiter = limiter
         self._acknowledge = acknowledge
+        self._telemetry = telemetry
         self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
         self._newest_generation = 0
         self._current: tuple[int, anyio.CancelScope] | None = None
@@ -132,6 +135,13 @@ class SummarizerActor:
 
     async def _summarize(self, batch: SummarizeBatch) -> str:
         """One summarizer call, bounded by ``summarize_timeout``; its answer made storable, or SummaryError."""
+        with self._telemetry.operation("memengine.summarize", "summarize", self._session_id) as traced:
+            traced.count(len(batch.episodes))
+            summary = await self._summarize_untraced(batch)
+            traced.content("memengine.summary", lambda: summary)
+            return summary
+
+    async def _summarize_untraced(self, batch: SummarizeBatch) -> str:
         with anyio.fail_after(self._config.summarize_timeout):
             pending = self._summarizer.summarize(batch.previous, batch.episodes)
             if not inspect.isawaitable(pending):

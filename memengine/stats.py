@@ -1,0 +1,26 @@
+"""What :meth:`Engine.stats` reports: the figures memengine's OpenTelemetry gauges show too."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class EngineStats:
+    """A snapshot of one engine, read by :meth:`Engine.stats`.
+
+    ``mailbox_depth`` is the sum over active sessions of the messages waiting
+    in their mailboxes (client calls and the engine's own traffic, such as
+    summary acknowledgements); ``mailbox_depth_max`` the largest of them.
+    ``episodes_waiting_for_summary`` counts, over active sessions, the evicted
+    episodes no stored summary covers yet. The outbox figures are the store's
+    (every process on it): batches not yet delivered to the retain sink, and
+    the age in seconds of the oldest (None when empty).
+    """
+
+    active_sessions: int
+    mailbox_depth: int
+    mailbox_depth_max: int
+    episodes_waiting_for_summary: int
+    outbox_depth: int
+    oldest_undelivered_age: float | None
