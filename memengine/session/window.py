@@ -99,11 +99,13 @@ class RawWindow:
         "_call_at",
         "_count_tokens",
         "_counted",
+        "_counted_total",
         "_eager_tokens",
         "_links",
         "_low_water",
         "_result_at",
         "_sizes",
+        "_uncounted",
         "_window_chars",
         "_window_tokens",
         "evicted",
@@ -117,6 +119,10 @@ class RawWindow:
         # Counted as episodes enter only when a bound needs them; else when first read.
         self._eager_tokens = budget.tokens is not None if eager_tokens is None else eager_tokens
         self._counted: list[int | None] = []
+        # Their sum, and how many at the end are not counted yet (always a suffix): a read costs
+        # what entered since the last one, not the whole window.
+        self._counted_total = 0
+        self._uncounted = 0
         self._low_water = budget.scaled(evict_to)
         self._count_tokens = count_tokens
         self.raw: list[Episode] = []
@@ -138,6 +144,7 @@ class RawWindow:
         then the rules are applied to the rest, as if it had just arrived.
         """
         self.raw, self._sizes, self._links, self._counted = [], [], [], []
+        self._counted_total = self._uncounted = 0
         self._call_at, self._result_at = {}, {}
         self._base = self.evicted = self._window_chars = self._window_tokens = 0
         for episode in episodes:
@@ -178,6 +185,11 @@ class RawWindow:
                     del self._result_at[call_id]
         del raw[:covered]
         del self._sizes[:covered]
+        for tokens in self._counted[:covered]:
+            if tokens is None:
+                self._uncounted -= 1
+            else:
+                self._counted_total -= tokens
         del self._counted[:covered]
         del self._links[:covered]
         self._base += covered
@@ -205,10 +217,12 @@ class RawWindow:
     def tokens(self) -> int:
         """Tokens of every raw episode, evicted ones included (each counted once)."""
         counted = self._counted
-        for index, tokens in enumerate(counted):
-            if tokens is None:
-                counted[index] = self._count_tokens(self.raw[index].content)
-        return sum(counted)  # type: ignore[arg-type]
+        for index in range(len(counted) - self._uncounted, len(counted)):
+            tokens = self._count_tokens(self.raw[index].content)
+            counted[index] = tokens
+            self._counted_total += tokens
+        self._uncounted = 0
+        return self._counted_total
 
     def size(self, index: int) -> tuple[int, int]:
         """Characters and tokens of ``raw[index]``."""
@@ -247,7 +261,12 @@ class RawWindow:
         position = self._base + len(self.raw)
         self.raw.append(episode)
         self._sizes.append((chars, tokens))
-        self._counted.append(tokens if self._eager_tokens else None)
+        if self._eager_tokens:
+            self._counted.append(tokens)
+            self._counted_total += tokens
+        else:
+            self._counted.append(None)
+            self._uncounted += 1
         self._links.append(links)
         for call_id in links.calls:
             self._call_at[call_id] = position
