@@ -96,6 +96,17 @@ class _Shape:
     parts: tuple[_Part, ...]
 
 
+def _passed_through(shape: _Shape, kind: str, called: set[str]) -> dict[str, Any] | None:
+    """A copy of the episode's own item if it is already in ``kind``'s shape and answers only known calls.
+
+    Its calls are then known (``called``); ``None`` means it is rendered from its parts.
+    """
+    if shape.kind != kind or shape.native is None or not _answers_known(shape, called):
+        return None
+    called.update(part.call_id for part in shape.parts if isinstance(part, _Call))
+    return copy.deepcopy(shape.native)
+
+
 def to_openai_chat(context: Context) -> list[dict[str, Any]]:
     """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes."""
     messages: list[dict[str, Any]] = []
@@ -103,9 +114,9 @@ def to_openai_chat(context: Context) -> list[dict[str, Any]]:
         messages.append({"role": "system", "content": SUMMARY_PREFIX + context.summary})
     called: set[str] = set()
     for shape in _shapes(context.episodes):
-        if shape.kind == "chat" and shape.native is not None and _answers_known(shape, called):
-            messages.append(copy.deepcopy(shape.native))
-            called.update(part.call_id for part in shape.parts if isinstance(part, _Call))
+        native = _passed_through(shape, "chat", called)
+        if native is not None:
+            messages.append(native)
             continue
         for part in shape.parts:
             if isinstance(part, _Text):
@@ -136,9 +147,9 @@ def to_openai_responses(context: Context) -> list[dict[str, Any]]:
         items.append({"role": "system", "content": SUMMARY_PREFIX + context.summary})
     called: set[str] = set()
     for shape in _shapes(context.episodes):
-        if shape.kind == "responses" and shape.native is not None and _answers_known(shape, called):
-            items.append(copy.deepcopy(shape.native))
-            called.update(part.call_id for part in shape.parts if isinstance(part, _Call))
+        native = _passed_through(shape, "responses", called)
+        if native is not None:
+            items.append(native)
             continue
         for part in shape.parts:
             if isinstance(part, _Text):
@@ -181,12 +192,11 @@ def to_anthropic(context: Context) -> dict[str, Any]:
             messages.append({"role": role, "content": blocks})
 
     for shape in _shapes(context.episodes):
-        if shape.kind == "anthropic" and shape.native is not None and _answers_known(shape, called):
-            native = copy.deepcopy(shape.native)
+        native = _passed_through(shape, "anthropic", called)
+        if native is not None:
             content = native.get("content")
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
             append(native["role"], blocks)
-            called.update(part.call_id for part in shape.parts if isinstance(part, _Call))
             continue
         for part in shape.parts:
             if isinstance(part, _Text):
