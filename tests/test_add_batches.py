@@ -30,14 +30,16 @@ CONFIG = SessionConfig(max_episodes=1000, passivate_after=None)
 
 
 class HeldInsert:
-    """Blocks the store's thread at the next episode ``INSERT`` until :meth:`release`."""
+    """Blocks the store's thread at the next episode ``INSERT`` until :meth:`release`; records every statement."""
 
-    def __init__(self) -> None:
+    def __init__(self, statements: list[str]) -> None:
         self.entered = threading.Event()
         self.released = threading.Event()
         self.armed = False
+        self.statements = statements
 
     def __call__(self, statement: str) -> None:
+        self.statements.append(statement)
         if self.armed and statement.startswith("INSERT INTO episodes"):
             self.armed = False
             self.entered.set()
@@ -45,9 +47,12 @@ class HeldInsert:
 
 
 @asynccontextmanager
-async def one_append_held(engine: Any, first: Callable[[], Awaitable[object]]):
-    """Run ``first`` (an add) and hold its commit; yield a task group to queue more behind it."""
-    held = HeldInsert()
+async def one_append_held(engine: Any, first: Callable[[], Awaitable[object]], statements: list[str] | None = None):
+    """Run ``first`` (an add) and hold its commit; yield a task group to queue more behind it.
+
+    The statements the store runs meanwhile go to ``statements``.
+    """
+    held = HeldInsert([] if statements is None else statements)
     engine.store._conn.set_trace_callback(held)
     try:
         async with anyio.create_task_group() as tasks:
@@ -107,24 +112,9 @@ async def test_queued_adds_share_one_commit(db_path, stored) -> None:
             async def added(n: int) -> None:
                 await session.add([Episode("user", f"queued {n}")])
 
-            held = HeldInsert()
-
-            def trace(statement: str) -> None:
-                statements.append(statement)
-                held(statement)
-
-            engine.store._conn.set_trace_callback(trace)
-            try:
-                async with anyio.create_task_group() as tasks:
-                    held.armed = True
-                    tasks.start_soon(added, 0)
-                    assert await anyio.to_thread.run_sync(held.entered.wait, 10)
-                    for n in range(1, 9):
-                        await queue(tasks, lambda n=n: added(n))
-                    held.released.set()
-            finally:
-                held.released.set()
-                engine.store._conn.set_trace_callback(None)
+            async with one_append_held(engine, lambda: added(0), statements) as tasks:
+                for n in range(1, 9):
+                    await queue(tasks, lambda n=n: added(n))
     # The held add's commit, then one for the eight queued behind it.
     assert [s for s in statements if s == "COMMIT"] == ["COMMIT", "COMMIT"]
     assert [content for _, content in stored.episodes("s")] == ["first", *(f"queued {n}" for n in range(9))]
@@ -185,25 +175,10 @@ async def test_adds_join_across_a_queued_read_which_is_answered_once_they_are_st
             async def read() -> None:
                 seen.append([e.content for e in (await session.context()).episodes])
 
-            held = HeldInsert()
-
-            def trace(statement: str) -> None:
-                statements.append(statement)
-                held(statement)
-
-            engine.store._conn.set_trace_callback(trace)
-            try:
-                async with anyio.create_task_group() as tasks:
-                    held.armed = True
-                    tasks.start_soon(session.add, [Episode("user", "held")])
-                    assert await anyio.to_thread.run_sync(held.entered.wait, 10)
-                    await queue(tasks, lambda: session.add([Episode("user", "before the read")]))
-                    await queue(tasks, read)
-                    await queue(tasks, lambda: session.add([Episode("user", "after the read")]))
-                    held.released.set()
-            finally:
-                held.released.set()
-                engine.store._conn.set_trace_callback(None)
+            async with one_append_held(engine, lambda: session.add([Episode("user", "held")]), statements) as tasks:
+                await queue(tasks, lambda: session.add([Episode("user", "before the read")]))
+                await queue(tasks, read)
+                await queue(tasks, lambda: session.add([Episode("user", "after the read")]))
     # The add after the read joined the one before it: one commit for both, after the held one.
     assert [s for s in statements if s == "COMMIT"] == ["COMMIT", "COMMIT"]
     # The read, queued while they were unacknowledged, is answered once they are stored.
