@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from ..episode import Episode, stored_episode, with_seq
 from ..errors import SessionBusyError, StoreError
-from . import leases, outbox, unfinished
+from . import leases, outbox, set_aside, unfinished
 from .base import AppendResult, SessionRow, SessionSnapshot
 from .dialect import Db, placeholders
 
@@ -207,8 +207,10 @@ def sessions_needing_summary(
 
     Evicted: up to the stored boundary, or overflowing the window's episode and
     character bounds (a token bound is the activated session's to apply).
+    A session whose summary batch is set aside is left alone until retried.
     """
     condition, params = leases.unowned(owner, orphaned_only)
+    condition += " AND NOT " + set_aside.SUMMARY_SET_ASIDE.format(session="s")
     rows = db.execute(
         "WITH latest AS ("
         "  SELECT s.session_id, s.evicted_through, coalesce("
@@ -275,6 +277,7 @@ def load(db: Db, session_id: str) -> SessionSnapshot:
         episodes=episodes,
         retained_through=retained_through,
         evicted_through=evicted_through,
+        summary_set_aside=set_aside.summary_of(db, session_id),
     )
 
 
