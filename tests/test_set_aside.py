@@ -172,3 +172,35 @@ def test_the_set_aside_settings_are_validated(value) -> None:
         SessionConfig(summarize_set_aside_after=value)
     with pytest.raises((TypeError, ValueError), match="retain_set_aside_after"):
         SessionConfig(retain_set_aside_after=value)
+
+
+class RefusesSessionA(RecordingSummarizer):
+    """Refuses every batch of session "a" (contents "a ..."), folds the others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls_for_a = 0
+
+    async def summarize(self, previous, episodes):
+        if episodes[0].content.startswith("a "):
+            self.calls_for_a += 1
+            raise RuntimeError("refused")
+        return await super().summarize(previous, episodes)
+
+
+async def test_no_summarizer_slot_is_held_while_a_batch_waits_for_its_next_attempt(db_path) -> None:
+    # One slot for the whole engine; session a's batch sleeps out a long backoff between its attempts.
+    config = SessionConfig(
+        evict_to=1.0, max_episodes=3, summarize_attempts=2, summarize_backoff=1000.0, summarize_backoff_max=1000.0
+    )
+    summarizer = RefusesSessionA()
+    async with open_engine(db_path, summarizer=summarizer, config=config, max_concurrent_summaries=1) as engine:
+        await add_each(engine.session("a"), turns(4, prefix="a"))
+        with anyio.fail_after(60):
+            while summarizer.calls_for_a < 1:
+                await anyio.sleep(0.001)
+            await add_each(engine.session("b"), turns(4, prefix="b"))
+            context = await engine.session("b").context(wait_for_summary=True)
+        assert covered(context.summary) == ["b 1"]
+        # b was summarized while a waited for its second attempt, not after it.
+        assert summarizer.calls_for_a == 1
