@@ -69,7 +69,7 @@ async def set_aside_error(session) -> SummaryError:
 
 async def until_passivated(engine, session_id: str, scale: float) -> None:
     with anyio.fail_after(60):
-        while engine.is_active(session_id):
+        while engine.is_active(session_id):  # noqa: ASYNC110 - polls what a user can observe
             await anyio.sleep(scale)
 
 
@@ -197,7 +197,7 @@ async def test_no_summarizer_slot_is_held_while_a_batch_waits_for_its_next_attem
     async with open_engine(db_path, summarizer=summarizer, config=config, max_concurrent_summaries=1) as engine:
         await add_each(engine.session("a"), turns(4, prefix="a"))
         with anyio.fail_after(60):
-            while summarizer.calls_for_a < 1:
+            while summarizer.calls_for_a < 1:  # noqa: ASYNC110 - polls what the summarizer saw
                 await anyio.sleep(0.001)
             await add_each(engine.session("b"), turns(4, prefix="b"))
             context = await engine.session("b").context(wait_for_summary=True)
