@@ -305,9 +305,9 @@ class RetainDelivery:
         set_aside = end_of_round and limit is not None and attempt >= limit * config.retain_attempts
         if set_aside:
             log.error(
-                "retain of session %r seqs %d..%d failed %d rounds in a row (%d attempts; last error %r); set aside: "
-                "it stays in the outbox with the session's later batches behind it, and is not sent again until "
-                "engine.retry_set_aside() or `memengine set-aside retry` (or dropped by discard)",
+                "retain of session %r seqs %d..%d failed in %d round(s) in a row (%d attempts; last error %r); "
+                "set aside: it stays in the outbox with the session's later batches behind it, and is not sent "
+                "again until engine.retry_set_aside() or `memengine set-aside retry` (or dropped by discard)",
                 entry.session_id,
                 entry.first_seq,
                 entry.last_seq,

@@ -309,6 +309,8 @@ class SessionActor:
                 return
             case Tick():
                 self._on_tick(message)
+                if self._summary.set_aside is not None:
+                    await self._recheck_set_aside()
                 return
             case HandOver():
                 self._idle_expired = True  # passivates once nothing is in flight (_may_passivate)
@@ -507,7 +509,7 @@ class SessionActor:
             )
         )
         log.error(
-            "session %r: summarizing episodes %d..%d failed %d rounds in a row (%d attempts; last error %s); "
+            "session %r: summarizing episodes %d..%d failed in %d round(s) in a row (%d attempts; last error %s); "
             "set aside: they stay stored and shown raw, and nothing more is summarized for this session until "
             "engine.retry_set_aside() or `memengine set-aside retry`",
             self.session_id,
@@ -525,6 +527,18 @@ class SessionActor:
             f"after {record.attempts} failed attempts (last error: {record.error}); they stay shown raw, and nothing "
             "is summarized for this session until engine.retry_set_aside() or `memengine set-aside retry`"
         )
+
+    async def _recheck_set_aside(self) -> None:
+        """At an idle tick: whether the store still holds the mark (``memengine set-aside retry`` lifts it there)."""
+        try:
+            current = await self._store.summary_set_aside(self.session_id)
+        except Exception as exc:
+            log.debug("session %r: reading its set-aside mark failed (%s)", self.session_id, exc)
+            return
+        if current is None and self._summary.set_aside is not None:
+            log.warning("session %r: its set-aside summary batch was lifted in the store; tried again", self.session_id)
+            self._summary.retry_now()
+            self._dispatch_summary()
 
     async def _on_retry_summary(self, message: RetrySummary) -> None:
         await self._settle_append()

@@ -327,6 +327,9 @@ class Store(Protocol):
     async def lift_summary_set_aside(self, session_id: str, token: int | None) -> bool:
         """Remove the session's summary mark (under its lease if ``token``); True if a current one was removed."""
 
+    async def summary_set_aside(self, session_id: str) -> SetAside | None:
+        """The session's summary batch if it is set aside (a read; no lease)."""
+
     async def list_set_aside(self, session_id: str | None = None, limit: int = 1000) -> list[SetAside]:
         """Set-aside work, of one session or all: summary batches first, then retain batches oldest first."""
 

@@ -898,6 +898,9 @@ class GroupCommitStore:
     async def lift_summary_set_aside(self, session_id: str, token: int | None) -> bool:
         return await self._submit(lambda db: set_aside.clear_summary_mark(db, session_id, token))
 
+    async def summary_set_aside(self, session_id: str) -> SetAside | None:
+        return await self._read(lambda db: set_aside.summary_of(db, session_id))
+
     async def list_set_aside(self, session_id: str | None = None, limit: int = 1000) -> list[SetAside]:
         return await self._read(lambda db: set_aside.listing(db, session_id, limit))
 
