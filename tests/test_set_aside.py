@@ -96,6 +96,8 @@ async def test_a_batch_failing_every_round_is_set_aside_and_the_session_passivat
         assert context.summary is None and [e.seq for e in context.episodes] == list(range(1, 8))
         await until_passivated(engine, "s", scaled(anyio_backend))
         assert len(summarizer.calls) == 4
+        # No engine picks the session up to summarize it (at its start, or from a dead owner).
+        assert await engine.store.sessions_needing_summary(3, 8000) == []
     assert rows.query("SELECT session_id, through_seq, attempts FROM summaries_set_aside") == [("s", 1, 4)]
     assert rows.query("SELECT count(*) FROM summaries") == [(0,)]
     set_aside_logs = [r for r in caplog.records if r.levelno == logging.ERROR and "set aside" in r.getMessage()]
@@ -134,6 +136,7 @@ async def test_a_restart_keeps_it_set_aside_and_a_retry_summarizes_it(store_url,
 
 
 async def test_a_clear_gives_the_session_a_fresh_start(store_url, config) -> None:
+    rows = StoreRows(store_url)
     summarizer = BrokenSummarizer()
     async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
@@ -141,10 +144,27 @@ async def test_a_clear_gives_the_session_a_fresh_start(store_url, config) -> Non
         await set_aside_error(session)
         await session.clear()  # a new generation: the mark no longer holds
         assert (await engine.stats()).summaries_set_aside == 0
+        # Gone with the episodes: its error text may quote them (derived data never outlives its source).
+        assert rows.query("SELECT count(*) FROM summaries_set_aside") == [(0,)]
         summarizer.broken = False
         await add_each(session, turns(4, start=10))
         context = await session.context(wait_for_summary=True)
         assert covered(context.summary) == ["turn 10"]
+
+
+async def test_a_delete_lifts_the_mark_and_what_is_left_is_summarized(store_url, config) -> None:
+    rows = StoreRows(store_url)
+    summarizer = BrokenSummarizer()
+    async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
+        session = engine.session("s")
+        await add_each(session, turns(5))
+        await set_aside_error(session)
+        summarizer.broken = False
+        assert await session.delete_episodes([1]) == 1
+        assert rows.query("SELECT count(*) FROM summaries_set_aside") == [(0,)]
+        context = await session.context(wait_for_summary=True)
+        assert covered(context.summary) == ["turn 2"]
+        assert [e.seq for e in context.episodes] == [3, 4, 5]
 
 
 async def test_never_set_aside_when_not_configured(db_path, config) -> None:

@@ -184,6 +184,7 @@ def delete_episodes(db: Db, session_id: str, token: int, seqs: Sequence[int]) ->
     db.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq >= ?", (session_id, min(existing)))
     # Deleted means deleted: undelivered retain batches lose them too.
     outbox.revise_after_delete(db, session_id, existing)
+    set_aside.drop_summary_mark(db, session_id)
     return len(existing), load(db, session_id)
 
 
@@ -197,6 +198,7 @@ def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
     db.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
     db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
     outbox.drop_session(db, session_id)
+    set_aside.drop_summary_mark(db, session_id)
     return load(db, session_id)
 
 

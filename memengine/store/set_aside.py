@@ -3,8 +3,10 @@
 Every function runs inside a store transaction, on either backend (see
 dialect.py). A session's summary batch is set aside with a row in
 ``summaries_set_aside`` that holds the session's generation: a clear or
-delete (a new generation) makes it stale, so the session's new content gets
-fresh tries, and a stale row counts nowhere. While the row is current, no
+delete (a new generation) removes it in its own transaction (its error text
+may quote removed episodes), so the session's new content gets fresh tries;
+a row of an older generation (left by code that did not know the marks)
+counts nowhere. While the row is current, no
 engine summarizes the session (its episodes stay stored and shown raw) and
 the orphan sweep leaves the session alone. A retain batch is set aside in
 place (``retain_outbox.set_aside_at``): it stays in the outbox, and as the
@@ -55,6 +57,11 @@ def clear_summary_mark(db: Db, session_id: str, token: int | None) -> bool:
     ).fetchone()
     db.execute("DELETE FROM summaries_set_aside WHERE session_id = ?", (session_id,))
     return current is not None
+
+
+def drop_summary_mark(db: Db, session_id: str) -> None:
+    """After a clear or delete: the mark's error text may quote removed episodes (and the mark no longer holds)."""
+    db.execute("DELETE FROM summaries_set_aside WHERE session_id = ?", (session_id,))
 
 
 def summary_of(db: Db, session_id: str) -> SetAside | None:
