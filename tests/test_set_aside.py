@@ -224,3 +224,25 @@ async def test_no_summarizer_slot_is_held_while_a_batch_waits_for_its_next_attem
         assert covered(context.summary) == ["b 1"]
         # b was summarized while a waited for its second attempt, not after it.
         assert summarizer.calls_for_a == 1
+
+
+async def test_an_active_session_notices_at_its_idle_tick_a_mark_lifted_in_the_store(
+    store_url, config, anyio_backend
+) -> None:
+    scale = scaled(anyio_backend)
+    summarizer = BrokenSummarizer()
+    async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
+        session = engine.session("s")
+        await add_each(session, turns(4))
+        await set_aside_error(session)
+        summarizer.broken = False
+        # What `memengine set-aside retry` does from another process: lift the mark in the store only.
+        assert await engine.store.lift_summary_set_aside("s", None)
+        with anyio.fail_after(60):
+            while True:  # reading keeps the session active: it is the tick, not a new activation, that notices
+                try:
+                    context = await session.context(wait_for_summary=True)
+                    break
+                except SummaryError:
+                    await anyio.sleep(scale)
+        assert covered(context.summary) == ["turn 1"]
