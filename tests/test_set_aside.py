@@ -11,10 +11,10 @@ import logging
 import anyio
 import pytest
 
-from memengine import SessionConfig, SummaryError, open_engine
+from memengine import SessionConfig, StoreError, SummaryError, open_engine
 
 from .conftest import StoreRows, virtual_time_backends
-from .fakes import RecordingSummarizer, add_each, covered, turns
+from .fakes import RecordingSummarizer, add_each, context_once_summarized, covered, turns
 
 pytestmark = pytest.mark.anyio
 
@@ -245,4 +245,23 @@ async def test_an_active_session_notices_at_its_idle_tick_a_mark_lifted_in_the_s
                     break
                 except SummaryError:
                     await anyio.sleep(scale)
+        assert covered(context.summary) == ["turn 1"]
+
+
+async def test_rounds_lost_to_the_store_do_not_set_a_batch_aside(db_path, config, monkeypatch) -> None:
+    async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
+        store_summary = engine.store.store_summary
+
+        async def store_down(*args, **kwargs):
+            raise StoreError("the disk is full")
+
+        monkeypatch.setattr(engine.store, "store_summary", store_down)
+        session = engine.session("s")
+        await add_each(session, turns(4))
+        for _ in range(3):  # more rounds than summarize_set_aside_after, each told to the waiting read
+            with pytest.raises(SummaryError, match="storing the summary"):
+                await session.context(wait_for_summary=True)
+        assert (await engine.stats()).summaries_set_aside == 0
+        monkeypatch.setattr(engine.store, "store_summary", store_summary)
+        context = await context_once_summarized(session)
         assert covered(context.summary) == ["turn 1"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..config import SessionConfig
 from ..episode import Episode, stored_episode
+from ..errors import StoreError
 from ..store.base import SessionSnapshot, SetAside
 from ..summarizer.actor import SummarizeBatch, SummarizerActor
 from ..tokens import Tokenizer
@@ -129,8 +130,9 @@ class SessionSummary:
             return False
         self._in_flight = False
         self.retry_at = now + self._config.summarize_retry_later
-        self.failed_rounds += 1
-        self.failed_attempts += message.attempts
+        if not isinstance(message.error, StoreError):  # the store failing is no fault of the batch
+            self.failed_rounds += 1
+            self.failed_attempts += message.attempts
         return True
 
     def retry_due(self, now: float) -> bool:
