@@ -21,6 +21,7 @@ from .limits import MAX_OWNER_BYTES, MAX_RECALL_LIMIT, MAX_SESSION_ID_BYTES, req
 from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
+from .scope import Scope
 from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
 from .session.messages import ClientMessage, HandOver, LeaseLost, Tick
@@ -87,8 +88,24 @@ class Engine:
     def is_active(self, session_id: str) -> bool:
         return session_id in self._actors
 
-    async def recall(self, query: str, *, session_id: str | None = None, limit: int = 10) -> list[Recalled]:
-        """Full-text search over every stored episode (all sessions, or one), best match first.
+    async def recall(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        tenant: str | None = None,
+        prefix: str | None = None,
+        all_sessions: bool = False,
+        limit: int = 10,
+    ) -> list[Recalled]:
+        """Full-text search over the stored episodes of one scope, best match first.
+
+        The scope is exactly one of: ``session_id`` (one session), ``tenant``
+        (the sessions ``"tenant/..."``: ids that start with the tenant and a
+        ``/``), ``prefix`` (ids that start with it, exactly: no wildcards, case
+        counts) or ``all_sessions=True`` (every session of the store). None or
+        several raise ``ValueError`` naming the options: a search across users
+        is never the default. Hits of other sessions are never returned.
 
         Matches any of the first 1,000 distinct words of ``query`` (case aside;
         later words are ignored), ranked by bm25 (SQLite) or ``ts_rank``
@@ -104,13 +121,12 @@ class Engine:
         ) as traced:
             if not isinstance(query, str):
                 raise TypeError(f"query must be a str, not {type(query).__name__}")
+            scope = Scope.of("recall", session_id=session_id, tenant=tenant, prefix=prefix, all_sessions=all_sessions)
             require_int("recall's limit", limit, 1, MAX_RECALL_LIMIT)
-            if session_id is not None:
-                self.session(session_id)  # the same validation as a handle
             if self._closed:
                 raise EngineClosedError("the engine is closed")
             traced.content("gen_ai.memory.query.text", lambda: query)
-            found = await self._services.store.recall(query, session_id, limit)
+            found = await self._services.store.recall(query, scope, limit)
             traced.count(len(found))
             return found
 

@@ -323,7 +323,9 @@ async def serve_commands(engine: Any, background: Any) -> None:
             continue
         if op == "recall":
             try:
-                hits = await engine.recall(command["query"], session_id=command.get("session"))
+                session = command.get("session")
+                scope = {"session_id": session} if session is not None else {"all_sessions": True}
+                hits = await engine.recall(command["query"], **scope)
             except MemEngineError as exc:
                 emit(op="error", error=type(exc).__name__, message=str(exc))
             else:

@@ -16,6 +16,7 @@ import attrs
 
 from ..episode import Episode
 from ..errors import StoreError
+from ..scope import Scope
 
 if TYPE_CHECKING:
     from ..retain.batch import RetainMode
@@ -283,8 +284,10 @@ class Store(Protocol):
     async def outbox_state(self) -> OutboxState:
         """How many batches wait, and since when."""
 
-    async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        """Stored episodes matching any of the first 1,000 distinct words of ``query``, best first; never deleted ones.
+    async def recall(self, query: str, scope: Scope, limit: int) -> list[Recalled]:
+        """Stored episodes of ``scope`` matching any of the first 1,000 distinct words of ``query``, best first.
+
+        Never deleted ones.
 
         A damaged index is rebuilt from the journal (and the search made again).
         """

@@ -52,6 +52,7 @@ import anyio
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
+from ..scope import Scope
 from . import handover, journal, leases, orphans, outbox, owners
 from .base import (
     AppendResult,
@@ -228,7 +229,7 @@ class GroupCommitStore:
     async def _catch_up_recall_index(self) -> None:
         """Index what is stored but not indexed yet (nothing, for a backend that indexes as it writes)."""
 
-    def _search(self, db: Db, query: str, session_id: str | None, limit: int) -> list[Recalled]:
+    def _search(self, db: Db, query: str, scope: Scope, limit: int) -> list[Recalled]:
         """Search the recall index; a read. Raises :class:`RecallIndexDamaged` if the index is damaged."""
         raise NotImplementedError
 
@@ -882,9 +883,9 @@ class GroupCommitStore:
     async def outbox_state(self) -> OutboxState:
         return await self._read(outbox.state)
 
-    async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        """Search every stored episode: index what waits (in bounded steps), then read; rebuild a damaged index."""
-        search = functools.partial(self._search, query=query, session_id=session_id, limit=limit)
+    async def recall(self, query: str, scope: Scope, limit: int) -> list[Recalled]:
+        """Search ``scope``: index what waits (in bounded steps), then read; rebuild a damaged index."""
+        search = functools.partial(self._search, query=query, scope=scope, limit=limit)
         try:
             await self._catch_up_recall_index()
             return await self._read(search)
