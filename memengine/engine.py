@@ -15,19 +15,23 @@ import anyio
 import anyio.abc
 
 from .actor.mailbox import MailboxClosed
+from .actor.reply import Reply
 from .config import SessionConfig
 from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEngineError
 from .limits import MAX_OWNER_BYTES, MAX_RECALL_LIMIT, MAX_SESSION_ID_BYTES, require_int, require_text
+from .privacy import forget as forgetting
+from .privacy.export import ExportStream
+from .privacy.forget import ForgetReport
 from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
 from .scope import Scope
 from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
-from .session.messages import ClientMessage, HandOver, LeaseLost, Tick
+from .session.messages import ClientMessage, ForgetSession, HandOver, LeaseLost, Tick
 from .session.retain_flush import RetainPlan
 from .stats import EngineStats
-from .store.base import Recalled, Store
+from .store.base import Erased, Recalled, Store
 from .store.liveness import HEARTBEAT_SECONDS
 from .store.open import open_store
 from .summarizer.extractive import ExtractiveSummarizer
@@ -130,6 +134,70 @@ class Engine:
             traced.count(len(found))
             return found
 
+    async def forget(
+        self,
+        *,
+        session_id: str | None = None,
+        tenant: str | None = None,
+        prefix: str | None = None,
+        dry_run: bool = False,
+    ) -> ForgetReport:
+        """Erase every session of one scope: one session, one ``tenant`` (``"tenant/..."``), or a ``prefix``.
+
+        Each session is erased as ``clear()`` clears it, through its own
+        activation (a session another process keeps in memory is handed over
+        to this one first), and then some: its episodes, summaries, recall
+        index entries, undelivered retain batches, its row, an add left
+        unfinished, and its lease. The process that held it before cannot keep
+        or write it back (fencing tokens). Sessions are erased a few at a time,
+        each in transactions no bigger than one add's, so other sessions'
+        writers are not held up. Returns the counts erased; with
+        ``dry_run=True`` erases nothing and returns what would be erased now.
+
+        A session kept busy by another process past ``lease_wait`` is tried
+        once more at the end; if some are still left, raises
+        :class:`ForgetIncompleteError` (the sessions erased stay erased: call
+        again). Idempotent and resumable. A call for a forgotten session
+        afterwards starts a new, empty session. A checkpoint; if cancelled,
+        the sessions already sent for erasure are erased, the rest are not.
+        """
+        scope = Scope.of("forget", session_id=session_id, tenant=tenant, prefix=prefix, allow_all=False)
+        if not isinstance(dry_run, bool):
+            raise TypeError(f"dry_run must be a bool, not {type(dry_run).__name__}")
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        with self._telemetry.operation("delete_memory", "forget", session_id) as traced:
+            if dry_run:
+                return await forgetting.count(self._services.store, scope)
+            report = await forgetting.forget(self._services.store, scope, self._erase)
+            traced.count(report.episodes)
+            return report
+
+    async def _erase(self, session_id: str) -> Erased:
+        reply: Reply[Erased] = Reply()
+        await self._send(session_id, ForgetSession(reply))
+        return await reply.wait()
+
+    def export(
+        self, *, session_id: str | None = None, tenant: str | None = None, prefix: str | None = None
+    ) -> ExportStream:
+        """Every stored episode and summary of one scope, as JSON-ready records: ``async for record in ...``.
+
+        The scope is one session, one ``tenant`` (``"tenant/..."``) or a
+        ``prefix``. For each session (by id), a ``"session"`` record
+        (``session_id``, ``episodes``, ``summary``, ``summarized_through``,
+        ``summary_created_at``), then one ``"episode"`` record per stored
+        episode in seq order (``session_id``, ``seq``, ``id``, ``role``,
+        ``content``, ``metadata``, ``created_at``). Read a page at a time
+        (bounded memory, whatever the tenant's size), from the store: what was
+        acknowledged is there. :func:`memengine.privacy.export.write_json_lines`
+        writes them as JSON lines. Each step is a checkpoint.
+        """
+        scope = Scope.of("export", session_id=session_id, tenant=tenant, prefix=prefix, allow_all=False)
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        return ExportStream(self._services.store, scope)
+
     async def stats(self) -> EngineStats:
         """Active sessions, mailbox depth, episodes waiting for a summary, and the retain outbox.
 
@@ -226,12 +294,12 @@ class Engine:
         actor.mailbox.put(message)
 
     def _activate(self, session_id: str) -> SessionActor:
-        actor = SessionActor(session_id, self._services, self._forget, self._hand_on)
+        actor = SessionActor(session_id, self._services, self._deregister, self._hand_on)
         self._actors[session_id] = actor
         self._tasks.start_soon(self._run_actor, actor, name=f"memengine session {session_id!r}")
         return actor
 
-    def _forget(self, actor: SessionActor) -> None:
+    def _deregister(self, actor: SessionActor) -> None:
         if self._actors.get(actor.session_id) is actor:
             del self._actors[actor.session_id]
 

@@ -123,6 +123,37 @@ class SessionRow:
     last_seq: int
 
 
+@attrs.frozen
+class ScopeCounts:
+    """What the sessions of a scope hold in the store (``memengine forget --dry-run``)."""
+
+    sessions: int
+    episodes: int
+    summaries: int
+    outbox_batches: int
+
+
+@attrs.frozen
+class Erased:
+    """What one step of erasing a session deleted; ``complete`` once nothing of the session is left."""
+
+    episodes: int
+    summaries: int
+    outbox_batches: int
+    complete: bool
+
+
+@attrs.frozen
+class ExportedSession:
+    """A session as an export describes it before its episodes: its latest summary and its size."""
+
+    session_id: str
+    summary: str | None
+    summarized_through: int
+    summary_created_at: str | None
+    episodes: int
+
+
 class Store(Protocol):
     """What the engine needs of a backend (SQLite and PostgreSQL implement it).
 
@@ -290,6 +321,24 @@ class Store(Protocol):
         Never deleted ones.
 
         A damaged index is rebuilt from the journal (and the search made again).
+        """
+
+    async def scope_session_ids(self, scope: Scope, after: str | None, limit: int) -> list[str]:
+        """The ids of the scope's sessions after ``after``, in order, at most ``limit`` (a read)."""
+
+    async def scope_counts(self, scope: Scope) -> ScopeCounts:
+        """How many sessions, episodes, summaries and retain batches the scope holds (a read)."""
+
+    async def exported_session(self, session_id: str) -> ExportedSession:
+        """The session's latest summary and episode count, for an export (a read)."""
+
+    async def episodes_after(self, session_id: str, after_seq: int, limit: int) -> list[Episode]:
+        """The session's stored episodes after ``after_seq``, in order, at most ``limit`` (a read)."""
+
+    async def erase_session(self, session_id: str, token: int) -> Erased:
+        """Erase everything stored of the session, under its lease, in bounded transactions (see erasure.py).
+
+        Returns the totals, ``complete``. Idempotent; a crash in between leaves less to erase next time.
         """
 
     async def rebuild_recall_index(self) -> int:

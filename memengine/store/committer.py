@@ -53,15 +53,18 @@ from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
 from ..scope import Scope
-from . import handover, journal, leases, orphans, outbox, owners
+from . import erasure, handover, journal, leases, orphans, outbox, owners, scoped
 from .base import (
     AppendResult,
     Completion,
     DueRetains,
+    Erased,
+    ExportedSession,
     OutboxEntry,
     OutboxState,
     Recalled,
     RecallIndexDamaged,
+    ScopeCounts,
     SessionRow,
     SessionSnapshot,
 )
@@ -896,6 +899,33 @@ class GroupCommitStore:
 
     async def rebuild_recall_index(self) -> int:
         return await self._submit(self._rebuild_recall_index)
+
+    # -- scopes: listing, export, erasure (scoped.py, erasure.py) -------------
+
+    async def scope_session_ids(self, scope: Scope, after: str | None, limit: int) -> list[str]:
+        return await self._read(lambda db: scoped.session_ids(db, scope, after, limit))
+
+    async def scope_counts(self, scope: Scope) -> ScopeCounts:
+        return await self._read(lambda db: scoped.counts(db, scope))
+
+    async def exported_session(self, session_id: str) -> ExportedSession:
+        return await self._read(lambda db: scoped.exported_session(db, session_id))
+
+    async def episodes_after(self, session_id: str, after_seq: int, limit: int) -> list[Episode]:
+        return await self._read(lambda db: scoped.episodes_after(db, session_id, after_seq, limit))
+
+    async def erase_session(self, session_id: str, token: int) -> Erased:
+        # Steps of at most an add's transaction: other sessions' writes and renewals go in between.
+        episodes = summaries = batches = 0
+        while True:
+            step = await self._submit(
+                functools.partial(erasure.erase_step, session_id=session_id, token=token, limit=TRANSACTION_ROWS)
+            )
+            episodes += step.episodes
+            summaries += step.summaries
+            batches += step.outbox_batches
+            if step.complete:
+                return Erased(episodes, summaries, batches, complete=True)
 
 
 class _AppendInParts:

@@ -1,0 +1,62 @@
+"""Erasing a session and everything stored about it: ``Engine.forget``, one session at a time.
+
+A session is erased by its owner, under its lease (the engine activates it
+first, so a session another process holds is handed over, store/handover.py),
+in bounded steps, each its own transaction:
+
+- while the session has more than ``limit`` episodes: its summaries go, its
+  generation changes (a summary computed before can never land), and its
+  ``limit`` oldest episodes go (the recall index loses them in the same
+  transaction: a trigger on SQLite, the GIN index on PostgreSQL);
+- the last step takes the path of ``clear()`` (journal.clear_session: the
+  rest of the episodes and summaries, and the session's undelivered retain
+  batches), then the session's last traces: its row in ``sessions``, an add
+  left unfinished, and its lease.
+
+Each step is idempotent and the erasure resumable: a process that dies in
+between leaves a session with fewer episodes, which the next ``forget``
+erases further. No step is bigger than one add's transaction, so other
+sessions' writers go in between.
+
+Deleting the lease row would let the session's fencing tokens start again at
+1 if its id is used again; a process paused across the erasure, holding an
+old token, could then pass a new lease's check. So the erased lease's token
+raises a store-wide floor (``lease_token_floor``, leases.py), and a lease
+row created afterwards starts above it: a token is never handed out twice.
+"""
+
+from __future__ import annotations
+
+from . import journal, leases
+from .base import Erased
+from .dialect import Db
+
+
+def erase_step(db: Db, session_id: str, token: int, limit: int) -> Erased:
+    """One step of erasing the session (see the module docstring); ``complete`` once nothing of it is left."""
+    leases.require(db, session_id, token)
+    summaries = db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,)).rowcount
+    seqs = db.execute(
+        "SELECT seq FROM episodes WHERE session_id = ? ORDER BY seq LIMIT ?", (session_id, limit + 1)
+    ).fetchall()
+    if len(seqs) > limit:
+        journal.bump_generation(db, session_id)
+        deleted = db.execute(
+            "DELETE FROM episodes WHERE session_id = ? AND seq <= ?", (session_id, seqs[limit - 1][0])
+        ).rowcount
+        return Erased(episodes=deleted, summaries=summaries, outbox_batches=0, complete=False)
+    (batches,) = db.execute("SELECT count(*) FROM retain_outbox WHERE session_id = ?", (session_id,)).fetchone()
+    journal.clear_session(db, session_id, token)  # the path of clear(): whatever it hands on, forget does too
+    db.execute("DELETE FROM unfinished_appends WHERE session_id = ?", (session_id,))
+    db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+    _raise_token_floor(db, token)
+    db.execute("DELETE FROM session_leases WHERE session_id = ?", (session_id,))
+    return Erased(episodes=len(seqs), summaries=summaries, outbox_batches=int(batches), complete=True)
+
+
+def _raise_token_floor(db: Db, token: int) -> None:
+    db.execute(
+        "INSERT INTO lease_token_floor (id, token) VALUES (1, ?) "
+        "ON CONFLICT (id) DO UPDATE SET token = {greatest}(lease_token_floor.token, excluded.token)",
+        (token,),
+    )
