@@ -41,9 +41,9 @@ def traces(rows: StoreRows, prefix: str) -> dict[str, int]:
 
 
 def others(rows: StoreRows, prefix: str) -> dict[str, list[tuple]]:
-    """Every row of the sessions not under ``prefix``, table by table (lease expiries left out: they move)."""
+    """Every row of the sessions not under ``prefix``, table by table (lease owners and expiries left out: they move)."""
     columns = {
-        "session_leases": "session_id, owner, token",
+        "session_leases": "session_id, token",
         "retain_outbox": "id, session_id, first_seq, last_seq, episodes",
     }
     return {
