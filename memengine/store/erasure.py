@@ -35,6 +35,17 @@ from .dialect import Db
 def erase_step(db: Db, session_id: str, token: int, limit: int) -> Erased:
     """One step of erasing the session (see the module docstring); ``complete`` once nothing of it is left."""
     leases.require(db, session_id, token)
+    if db.dialect.name != "sqlite":
+        return _erase_step(db, session_id, token, limit)
+    # SQLite keeps deleted bytes in the file's pages until they are reused: overwritten here, for these deletes.
+    db.execute("PRAGMA secure_delete = ON")
+    try:
+        return _erase_step(db, session_id, token, limit)
+    finally:
+        db.execute("PRAGMA secure_delete = OFF")
+
+
+def _erase_step(db: Db, session_id: str, token: int, limit: int) -> Erased:
     summaries = db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,)).rowcount
     seqs = db.execute(
         "SELECT seq FROM episodes WHERE session_id = ? ORDER BY seq LIMIT ?", (session_id, limit + 1)

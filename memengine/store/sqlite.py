@@ -125,7 +125,13 @@ class SQLiteStore(GroupCommitStore):
         return sqlite_recall.search(db, query, scope, limit, journal.episode_from_row)
 
     def _rebuild_recall_index(self, db: Db) -> int:
-        return sqlite_recall.rebuild(db)
+        # The old index's pages are overwritten as they are freed: the words of erased episodes
+        # (Engine.forget), which FTS5 keeps in its segments until it merges them, are gone with them.
+        db.execute("PRAGMA secure_delete = ON")
+        try:
+            return sqlite_recall.rebuild(db)
+        finally:
+            db.execute("PRAGMA secure_delete = OFF")
 
     async def _rebuild_damaged_recall_index(self) -> None:
         """Rebuild a recall index found damaged at open (by an older memengine, say) before a delete meets it."""
