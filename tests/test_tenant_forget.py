@@ -246,3 +246,20 @@ def test_on_sqlite_the_erased_bytes_leave_the_file_and_reindex_purges_the_index(
     assert main(["reindex", str(db)]) == 0
     assert occurrences(b"zanzibar") == 0
     assert occurrences(b"bob keeps") > 0
+
+
+async def test_a_recorded_forget_replays(tmp_path) -> None:
+    from memengine.replay import replay
+
+    log = tmp_path / "messages.jsonl"
+    async with open_engine(str(tmp_path / "first.db"), record_to=log) as engine:
+        await engine.session("ivy/chat").add([Episode("user", "to be forgotten")])
+        await engine.forget(tenant="ivy")
+        await engine.session("ivy/chat").add([Episode("user", "after")])
+    assert [json.loads(line).get("type") for line in log.read_text().splitlines()][1:] == ["add", "forget", "add"]
+    async with open_engine(str(tmp_path / "second.db")) as engine:
+        report = await replay(log, engine)
+        assert report.mismatches == ()
+        assert [record["content"] async for record in engine.export(tenant="ivy") if record["type"] == "episode"] == [
+            "after"
+        ]
