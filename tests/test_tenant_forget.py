@@ -263,3 +263,23 @@ async def test_a_recorded_forget_replays(tmp_path) -> None:
         assert [record["content"] async for record in engine.export(tenant="ivy") if record["type"] == "episode"] == [
             "after"
         ]
+
+
+async def test_what_a_clear_leaves_for_the_sink_keeps_the_sessions_row_until_delivered(
+    store_url, rows, monkeypatch
+) -> None:
+    from memengine.store import outbox
+
+    # As when clear() records something for the sink to deliver: here its undelivered batch stays.
+    monkeypatch.setattr(outbox, "drop_session", lambda db, session_id: None)
+    config = SessionConfig(retain_every=2, passivate_after=None)
+    async with open_engine(store_url, config=config, retain_sink=StuckSink(), retain_grace=0) as engine:
+        await engine.session("jo/chat").add([Episode("user", f"jo {n}") for n in range(2)])
+        report = await engine.forget(tenant="jo")
+        assert (report.sessions, report.episodes, report.waiting_for_sink) == (1, 2, 1)
+        assert traces(rows, "jo/").keys() == {"sessions", "session_leases", "retain_outbox"}
+        assert not engine.is_active("jo/chat") or (await engine.session("jo/chat").context()).episodes == ()
+        rows.query("DELETE FROM retain_outbox WHERE session_id = 'jo/chat'")  # delivered
+        again = await engine.forget(tenant="jo")
+        assert (again.sessions, again.episodes, again.waiting_for_sink) == (1, 0, 0)
+        assert traces(rows, "jo/") == {}

@@ -64,7 +64,7 @@ def describe(report: ForgetReport) -> str:
     def counted(number: int, what: str) -> str:
         return f"{number} {what}{'s' if number != 1 else ''}"
 
-    return ", ".join(
+    described = ", ".join(
         (
             counted(report.sessions, "session"),
             counted(report.episodes, "episode"),
@@ -72,6 +72,12 @@ def describe(report: ForgetReport) -> str:
             counted(report.outbox_batches, "undelivered retain batch").replace("batchs", "batches"),
         )
     )
+    if report.waiting_for_sink:
+        described += (
+            f" ({report.waiting_for_sink} of the sessions keep their row, without content, until the retain sink "
+            "has their forget: run forget again later to remove it)"
+        )
+    return described
 
 
 def run(options: argparse.Namespace) -> int:

@@ -36,7 +36,11 @@ SESSIONS_AT_ONCE = 4
 
 @attrs.frozen
 class ForgetReport:
-    """What ``Engine.forget`` erased (or, with ``dry_run``, would erase): counts over every session of the scope."""
+    """What ``Engine.forget`` erased (or, with ``dry_run``, would erase): counts over every session of the scope.
+
+    ``waiting_for_sink``: sessions erased whose row and lease (no content) stay until the retain sink has
+    what their clear left for it; a later ``forget`` removes them.
+    """
 
     scope: str
     sessions: int
@@ -44,6 +48,7 @@ class ForgetReport:
     summaries: int
     outbox_batches: int
     dry_run: bool = False
+    waiting_for_sink: int = 0
 
 
 async def count(store: Store, scope: Scope) -> ForgetReport:
@@ -87,12 +92,21 @@ class _Totals:
     episodes: int = 0
     summaries: int = 0
     outbox_batches: int = 0
+    waiting_for_sink: int = 0
 
     def add(self, erased: Erased) -> None:
         self.sessions += 1
         self.episodes += erased.episodes
         self.summaries += erased.summaries
         self.outbox_batches += erased.outbox_batches
+        self.waiting_for_sink += erased.traces_left
 
     def report(self, scope: str) -> ForgetReport:
-        return ForgetReport(scope, self.sessions, self.episodes, self.summaries, self.outbox_batches)
+        return ForgetReport(
+            scope,
+            self.sessions,
+            self.episodes,
+            self.summaries,
+            self.outbox_batches,
+            waiting_for_sink=self.waiting_for_sink,
+        )

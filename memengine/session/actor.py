@@ -428,9 +428,14 @@ class SessionActor:
     async def _on_forget(self, message: ForgetSession) -> None:
         await self._settle_append()
         erased = await self._store.erase_session(self.session_id, self._lease.current())
-        # Nothing of the session is left, its lease included: this activation ends without a retain flush
-        # or a lease release, and any message after this one goes to a new activation (a new session).
-        self._given_up = LeaseLostError(f"session {self.session_id!r} was forgotten")
+        if erased.traces_left:
+            # Its row and lease wait for the retain sink (store/erasure.py): an empty session, let go as at close.
+            self._apply(await self._store.load_session(self.session_id))
+            self._close_requested = True
+        else:
+            # Nothing of the session is left, its lease included: this activation ends without a retain flush
+            # or a lease release, and any message after this one goes to a new activation (a new session).
+            self._given_up = LeaseLostError(f"session {self.session_id!r} was forgotten")
         self._answer(message, erased)
 
     async def _on_close(self, message: CloseSession) -> None:

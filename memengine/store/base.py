@@ -135,12 +135,17 @@ class ScopeCounts:
 
 @attrs.frozen
 class Erased:
-    """What one step of erasing a session deleted; ``complete`` once nothing of the session is left."""
+    """What one step of erasing a session deleted; ``complete`` once the erasure is done.
+
+    ``traces_left``: done, but the session's row and lease stay (no content) until the retain outbox has
+    delivered what the erasure's clear left for the sink; a later erasure removes them.
+    """
 
     episodes: int
     summaries: int
     outbox_batches: int
-    complete: bool
+    complete: bool = True
+    traces_left: bool = False
 
 
 @attrs.frozen

@@ -925,7 +925,7 @@ class GroupCommitStore:
             summaries += step.summaries
             batches += step.outbox_batches
             if step.complete:
-                return Erased(episodes, summaries, batches, complete=True)
+                return Erased(episodes, summaries, batches, traces_left=step.traces_left)
 
 
 class _AppendInParts:
