@@ -283,3 +283,18 @@ async def test_what_a_clear_leaves_for_the_sink_keeps_the_sessions_row_until_del
         again = await engine.forget(tenant="jo")
         assert (again.sessions, again.episodes, again.waiting_for_sink) == (1, 0, 0)
         assert traces(rows, "jo/") == {}
+
+
+@pytest.mark.parametrize("last", ["\ud7ff", "\U0010ffff", "/", "%", "_"])
+async def test_a_prefix_reaches_exactly_its_ids_whatever_its_last_character(store_url, last) -> None:
+    inside = [f"x{last}", f"x{last}a", f"x{last}{last}"]
+    outside = ["x", "y", f"X{last}", "x\ue000", "xa", "x0"]
+    async with open_engine(store_url) as engine:
+        for session_id in inside + outside:
+            await engine.session(session_id).add([Episode("user", f"in {session_id}")])
+        exported = [r["session_id"] async for r in engine.export(prefix=f"x{last}") if r["type"] == "session"]
+        assert sorted(exported) == sorted(inside)
+        assert (await engine.forget(prefix=f"x{last}", dry_run=True)).sessions == len(inside)
+        assert (await engine.forget(prefix=f"x{last}")).sessions == len(inside)
+        left = [r["session_id"] async for r in engine.export(prefix="x") if r["type"] == "session"]
+        assert sorted(left) == sorted(i for i in outside if i.startswith("x"))

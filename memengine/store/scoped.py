@@ -16,16 +16,17 @@ from .base import ExportedSession, ScopeCounts
 from .dialect import Db
 from .journal import EPISODE_COLUMNS, episode_from_row
 
-_SESSIONS = "(SELECT session_id FROM sessions UNION SELECT session_id FROM session_leases)"
-
 
 def session_ids(db: Db, scope: Scope, after: str | None, limit: int) -> list[str]:
     """The ids of the scope's sessions after ``after`` (in the store's order of ids), at most ``limit``."""
-    condition, params = scope.condition("s.session_id")
     later, after_params = ("", ()) if after is None else (" AND s.session_id > ?", (after,))
+    branches, params = [], []
+    for table in ("sessions", "session_leases"):
+        condition, scope_params = _in_scope(db, scope)
+        branches.append(f"SELECT s.session_id FROM {table} AS s WHERE {condition}{later}")
+        params.extend((*scope_params, *after_params))
     rows = db.execute(
-        f"SELECT s.session_id FROM {_SESSIONS} AS s WHERE {condition}{later} ORDER BY s.session_id LIMIT ?",
-        (*params, *after_params, limit),
+        f"SELECT session_id FROM ({' UNION '.join(branches)}) AS u ORDER BY session_id LIMIT ?", (*params, limit)
     ).fetchall()
     return [row[0] for row in rows]
 
@@ -34,16 +35,48 @@ def counts(db: Db, scope: Scope) -> ScopeCounts:
     """How many sessions, episodes, summaries and undelivered retain batches the scope holds."""
 
     def count(table: str) -> int:
-        condition, params = scope.condition("s.session_id")
+        condition, params = _in_scope(db, scope)
         (found,) = db.execute(f"SELECT count(*) FROM {table} AS s WHERE {condition}", params).fetchone()
         return int(found)
 
+    sessions_condition, params = _in_scope(db, scope)
+    (sessions,) = db.execute(
+        "SELECT count(*) FROM (SELECT s.session_id FROM sessions AS s WHERE "
+        f"{sessions_condition} UNION SELECT s.session_id FROM session_leases AS s WHERE {sessions_condition}) AS u",
+        (*params, *params),
+    ).fetchone()
     return ScopeCounts(
-        sessions=count(_SESSIONS),
+        sessions=int(sessions),
         episodes=count("episodes"),
         summaries=count("summaries"),
         outbox_batches=count("retain_outbox"),
     )
+
+
+def _in_scope(db: Db, scope: Scope) -> tuple[str, tuple[str, ...]]:
+    """The scope's condition on ``s.session_id``; on SQLite with a range its index can use.
+
+    SQLite compares ids byte by byte (BINARY): every id that starts with the
+    prefix lies in ``[prefix, prefix with its last character raised)``.
+    PostgreSQL's order depends on the collation, so there only the exact
+    comparison is made.
+    """
+    condition, params = scope.condition("s.session_id")
+    if db.dialect.name != "sqlite" or scope.prefix is None:
+        return condition, params
+    upper = _next_prefix(scope.prefix)
+    if upper is None:
+        return f"s.session_id >= ? AND {condition}", (scope.prefix, *params)
+    return f"s.session_id >= ? AND s.session_id < ? AND {condition}", (scope.prefix, upper, *params)
+
+
+def _next_prefix(prefix: str) -> str | None:
+    """The smallest string above every string that starts with ``prefix`` (code point order), if any."""
+    last = ord(prefix[-1])
+    if last == 0x10FFFF:
+        return None
+    following = last + 1 if last + 1 != 0xD800 else 0xE000  # surrogates are not text
+    return prefix[:-1] + chr(following)
 
 
 def exported_session(db: Db, session_id: str) -> ExportedSession:
