@@ -20,7 +20,8 @@ from .journal import EPISODE_COLUMNS, episode_from_row
 def session_ids(db: Db, scope: Scope, after: str | None, limit: int) -> list[str]:
     """The ids of the scope's sessions after ``after`` (in the store's order of ids), at most ``limit``."""
     later, after_params = ("", ()) if after is None else (" AND s.session_id > ?", (after,))
-    branches, params = [], []
+    branches: list[str] = []
+    params: list[str] = []
     for table in ("sessions", "session_leases"):
         condition, scope_params = _in_scope(db, scope)
         branches.append(f"SELECT s.session_id FROM {table} AS s WHERE {condition}{later}")
