@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .privacy.forget import ForgetReport
 
 
 class MemEngineError(Exception):
@@ -116,11 +120,11 @@ class ForgetIncompleteError(MemEngineError):
     second ``forget`` would not finish: call it again.
     """
 
-    def __init__(self, report: object, left: dict[str, MemEngineError]) -> None:
+    def __init__(self, report: ForgetReport, left: dict[str, MemEngineError]) -> None:
         first_id, first_error = next(iter(left.items()))
-        erased = getattr(report, "sessions", 0)
+        erased = report.sessions
         super().__init__(
-            f"forget of {getattr(report, 'scope', 'the scope')}: {erased} session{'s' if erased != 1 else ''} "
+            f"forget of {report.scope}: {erased} session{'s' if erased != 1 else ''} "
             f"erased, {len(left)} not (session {first_id!r}: {first_error}); call forget again"
         )
         self.report = report

@@ -337,7 +337,7 @@ async def serve_commands(engine: Any, background: Any) -> None:
             except MemEngineError as exc:
                 emit(op="error", error=type(exc).__name__, message=str(exc))
             else:
-                emit(op="forgot", sessions=report.sessions, episodes=report.episodes, summaries=report.summaries)
+                emit(op="erased", sessions=report.sessions, episodes=report.episodes, summaries=report.summaries)
             continue
         # Each call runs on its own, so a call stuck on one session does not hold up the others.
         background.start_soon(one_call, engine, command)

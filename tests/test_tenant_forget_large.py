@@ -92,7 +92,7 @@ def test_a_forget_killed_in_the_middle_is_finished_by_the_next_one(store_url) ->
     anyio.run(prepare)
     before = others(rows, "gone/")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tests.forget_worker", store_url, "gone", "trio"],
+        [sys.executable, "-m", "tests.tenant_forget_worker", store_url, "gone", "trio"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

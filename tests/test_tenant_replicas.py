@@ -30,7 +30,7 @@ def test_an_idle_session_another_process_holds_is_handed_over_and_erased(store_u
         assert holder.ask(op="active", session="alice/chat-0")["active"] is True
         eraser = Worker(store_url, "asyncio", "eraser", "serve")
         forgot = eraser.ask(op="forget", tenant="alice")
-        assert forgot["op"] == "forgot" and (forgot["sessions"], forgot["episodes"]) == (3, 18), forgot
+        assert forgot["op"] == "erased" and (forgot["sessions"], forgot["episodes"]) == (3, 18), forgot
         assert traces(StoreRows(store_url), "alice/") == {}
         # The holder let them go (nothing of them is in its memory), and serves bob as before.
         for chat in range(3):
@@ -75,7 +75,7 @@ def test_a_paused_holder_cannot_write_a_forgotten_session_back(store_url: str) -
         time.sleep(2.0)  # past its lease
         eraser = Worker(store_url, "asyncio", "eraser", "serve", MEMENGINE_TEST_LEASE_TTL=ttl)
         forgot = eraser.ask(op="forget", tenant="alice")
-        assert forgot["op"] == "forgot" and (forgot["sessions"], forgot["episodes"]) == (1, 5), forgot
+        assert forgot["op"] == "erased" and (forgot["sessions"], forgot["episodes"]) == (1, 5), forgot
         assert traces(StoreRows(store_url), "alice/") == {}
         holder.kill(signal.SIGCONT)
         time.sleep(2.0)  # its summary call ends and tries to store; its renewal runs and fails

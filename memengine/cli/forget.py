@@ -118,7 +118,7 @@ def run(options: argparse.Namespace) -> int:
     except* EXPECTED_FAILURES as group:
         failure = first_failure(group)
     if isinstance(failure, ForgetIncompleteError):
-        print(f"erased {describe(failure.report)}")  # type: ignore[arg-type]
+        print(f"erased {describe(failure.report)}")
         return report("forget", failure)
     if failure is not None or erased is None:
         return report("forget", failure or RuntimeError("nothing was erased"), f"erasing {scope}")

@@ -1,6 +1,6 @@
 """A process that forgets a tenant, to be killed in the middle (see test_tenant_forget_large.py).
 
-``python -m tests.forget_worker STORE TENANT BACKEND`` opens an engine on
+``python -m tests.tenant_forget_worker STORE TENANT BACKEND`` opens an engine on
 STORE, prints ``forgetting`` and forgets the sessions ``TENANT/...``, then
 prints ``forgot N``.
 """
