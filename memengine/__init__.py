@@ -11,6 +11,7 @@ from .episode import Episode
 from .errors import (
     EngineClosedError,
     EngineFailedError,
+    ForgetIncompleteError,
     LeaseLostError,
     MemEngineError,
     SessionBusyError,
@@ -19,6 +20,8 @@ from .errors import (
     SummaryError,
     UncertainCommitError,
 )
+from .privacy.export import ExportStream
+from .privacy.forget import ForgetReport
 from .retain.batch import RetainBatch, RetainSink
 from .retain.delivery import RetainMetrics
 from .session.handle import Session
@@ -45,7 +48,10 @@ __all__ = [
     "EngineFailedError",
     "EngineStats",
     "Episode",
+    "ExportStream",
     "ExtractiveSummarizer",
+    "ForgetIncompleteError",
+    "ForgetReport",
     "LeaseLostError",
     "MemEngineError",
     "OpenAISummarizer",

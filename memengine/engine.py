@@ -19,15 +19,19 @@ from .actor.reply import Reply
 from .config import SessionConfig
 from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEngineError
 from .limits import MAX_OWNER_BYTES, MAX_RECALL_LIMIT, MAX_SESSION_ID_BYTES, require_int, require_text
+from .privacy import forget as forgetting
+from .privacy.export import ExportStream
+from .privacy.forget import ForgetReport
 from .replay import MessageRecorder
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
+from .scope import Scope
 from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
-from .session.messages import ClientMessage, HandOver, LeaseLost, RetrySummary, Tick
+from .session.messages import ClientMessage, ForgetSession, HandOver, LeaseLost, RetrySummary, Tick
 from .session.retain_flush import RetainPlan
 from .stats import EngineStats
-from .store.base import Recalled, SetAside, SetAsideCounts, Store
+from .store.base import Erased, Recalled, SetAside, SetAsideCounts, Store
 from .store.liveness import HEARTBEAT_SECONDS
 from .store.open import open_store
 from .summarizer.extractive import ExtractiveSummarizer
@@ -91,8 +95,24 @@ class Engine:
     def is_active(self, session_id: str) -> bool:
         return session_id in self._actors
 
-    async def recall(self, query: str, *, session_id: str | None = None, limit: int = 10) -> list[Recalled]:
-        """Full-text search over every stored episode (all sessions, or one), best match first.
+    async def recall(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        tenant: str | None = None,
+        prefix: str | None = None,
+        all_sessions: bool = False,
+        limit: int = 10,
+    ) -> list[Recalled]:
+        """Full-text search over the stored episodes of one scope, best match first.
+
+        The scope is exactly one of: ``session_id`` (one session), ``tenant``
+        (the sessions ``"tenant/..."``: ids that start with the tenant and a
+        ``/``), ``prefix`` (ids that start with it, exactly: no wildcards, case
+        counts) or ``all_sessions=True`` (every session of the store). None or
+        several raise ``ValueError`` naming the options: a search across users
+        is never the default. Hits of other sessions are never returned.
 
         Matches any of the first 1,000 distinct words of ``query`` (case aside;
         later words are ignored), ranked by bm25 (SQLite) or ``ts_rank``
@@ -108,15 +128,78 @@ class Engine:
         ) as traced:
             if not isinstance(query, str):
                 raise TypeError(f"query must be a str, not {type(query).__name__}")
+            scope = Scope.of("recall", session_id=session_id, tenant=tenant, prefix=prefix, all_sessions=all_sessions)
             require_int("recall's limit", limit, 1, MAX_RECALL_LIMIT)
-            if session_id is not None:
-                self.session(session_id)  # the same validation as a handle
             if self._closed:
                 raise EngineClosedError("the engine is closed")
             traced.content("gen_ai.memory.query.text", lambda: query)
-            found = await self._services.store.recall(query, session_id, limit)
+            found = await self._services.store.recall(query, scope, limit)
             traced.count(len(found))
             return found
+
+    async def forget(
+        self,
+        *,
+        session_id: str | None = None,
+        tenant: str | None = None,
+        prefix: str | None = None,
+        dry_run: bool = False,
+    ) -> ForgetReport:
+        """Erase every session of one scope: one session, one ``tenant`` (``"tenant/..."``), or a ``prefix``.
+
+        Each session is erased as ``clear()`` clears it, through its own
+        activation (a session another process keeps in memory is handed over
+        to this one first), and then some: its episodes, summaries, recall
+        index entries, undelivered retain batches, its row, an add left
+        unfinished, and its lease. The process that held it before cannot keep
+        or write it back (fencing tokens). Sessions are erased a few at a time,
+        each in transactions no bigger than one add's, so other sessions'
+        writers are not held up. Returns the counts erased; with
+        ``dry_run=True`` erases nothing and returns what would be erased now.
+
+        A session kept busy by another process past ``lease_wait`` is tried
+        once more at the end; if some are still left, raises
+        :class:`ForgetIncompleteError` (the sessions erased stay erased: call
+        again). Idempotent and resumable. A call for a forgotten session
+        afterwards starts a new, empty session. A checkpoint; if cancelled,
+        the sessions already sent for erasure are erased, the rest are not.
+        """
+        scope = Scope.of("forget", session_id=session_id, tenant=tenant, prefix=prefix, allow_all=False)
+        if not isinstance(dry_run, bool):
+            raise TypeError(f"dry_run must be a bool, not {type(dry_run).__name__}")
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        with self._telemetry.operation("delete_memory", "forget", session_id) as traced:
+            if dry_run:
+                return await forgetting.count(self._services.store, scope)
+            report = await forgetting.forget(self._services.store, scope, self._erase)
+            traced.count(report.episodes)
+            return report
+
+    async def _erase(self, session_id: str) -> Erased:
+        reply: Reply[Erased] = Reply()
+        await self._send(session_id, ForgetSession(reply))
+        return await reply.wait()
+
+    def export(
+        self, *, session_id: str | None = None, tenant: str | None = None, prefix: str | None = None
+    ) -> ExportStream:
+        """Every stored episode and summary of one scope, as JSON-ready records: ``async for record in ...``.
+
+        The scope is one session, one ``tenant`` (``"tenant/..."``) or a
+        ``prefix``. For each session (by id), a ``"session"`` record
+        (``session_id``, ``episodes``, ``summary``, ``summarized_through``,
+        ``summary_created_at``), then one ``"episode"`` record per stored
+        episode in seq order (``session_id``, ``seq``, ``id``, ``role``,
+        ``content``, ``metadata``, ``created_at``). Read a page at a time
+        (bounded memory, whatever the tenant's size), from the store: what was
+        acknowledged is there. :func:`memengine.privacy.export.write_json_lines`
+        writes them as JSON lines. Each step is a checkpoint.
+        """
+        scope = Scope.of("export", session_id=session_id, tenant=tenant, prefix=prefix, allow_all=False)
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        return ExportStream(self._services.store, scope)
 
     async def stats(self) -> EngineStats:
         """Active sessions, mailbox depth, episodes waiting for a summary, and the retain outbox.
@@ -297,12 +380,12 @@ class Engine:
         actor.mailbox.put(message)
 
     def _activate(self, session_id: str) -> SessionActor:
-        actor = SessionActor(session_id, self._services, self._forget, self._hand_on)
+        actor = SessionActor(session_id, self._services, self._deregister, self._hand_on)
         self._actors[session_id] = actor
         self._tasks.start_soon(self._run_actor, actor, name=f"memengine session {session_id!r}")
         return actor
 
-    def _forget(self, actor: SessionActor) -> None:
+    def _deregister(self, actor: SessionActor) -> None:
         if self._actors.get(actor.session_id) is actor:
             del self._actors[actor.session_id]
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .privacy.forget import ForgetReport
 
 
 class MemEngineError(Exception):
@@ -105,3 +109,23 @@ def _is_this_process(owner: str) -> bool:
     """Whether ``owner`` is a default owner name (``host:pid:random``) of this very process."""
     parts = owner.rsplit(":", 2)
     return len(parts) == 3 and parts[0] == socket.gethostname() and parts[1] == str(os.getpid())
+
+
+class ForgetIncompleteError(MemEngineError):
+    """``Engine.forget`` erased what it could, but not every session of the scope.
+
+    ``report`` counts what was erased (a ``ForgetReport``); ``left`` maps each
+    session not erased to why (usually :class:`SessionBusyError`: another
+    process kept it busy past ``lease_wait``). Nothing is half-erased that a
+    second ``forget`` would not finish: call it again.
+    """
+
+    def __init__(self, report: ForgetReport, left: dict[str, MemEngineError]) -> None:
+        first_id, first_error = next(iter(left.items()))
+        erased = report.sessions
+        super().__init__(
+            f"forget of {report.scope}: {erased} session{'s' if erased != 1 else ''} "
+            f"erased, {len(left)} not (session {first_id!r}: {first_error}); call forget again"
+        )
+        self.report = report
+        self.left = left

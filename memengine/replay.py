@@ -41,7 +41,15 @@ import attrs
 from .config import SessionConfig
 from .context import Context
 from .episode import Episode
-from .session.messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
+from .session.messages import (
+    AddEpisodes,
+    ClearSession,
+    ClientMessage,
+    CloseSession,
+    DeleteEpisodes,
+    ForgetSession,
+    ReadContext,
+)
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -101,6 +109,8 @@ def _describe(message: ClientMessage, value: Any) -> tuple[str, dict[str, Any], 
             return "delete", {"seqs": list(message.seqs)}, {"deleted": value}
         case ClearSession():
             return "clear", {}, {}
+        case ForgetSession():
+            return "forget", {}, {}
         case CloseSession():
             return "close", {}, {}
     raise TypeError(f"cannot record {type(message).__name__}")
@@ -262,6 +272,9 @@ async def replay(path: str | os.PathLike[str], engine: Engine) -> ReplayReport:
                 actual = {"deleted": await session.delete_episodes(payload["seqs"])}
             elif kind == "clear":
                 await session.clear()
+                actual = {}
+            elif kind == "forget":
+                await engine.forget(session_id=session_id)
                 actual = {}
             elif kind == "close":
                 await session.close()

@@ -9,7 +9,7 @@ with short leases, and prints JSON lines on stdout:
 - in ``hammer`` mode, for SECONDS: random adds and reads over 50 shared
   sessions, each acknowledged add and each context read as it was returned;
 - in ``serve`` mode: one JSON command per stdin line (``add``, ``context``,
-  ``active``, ``recall``, ``exit``), answered with one line each; and
+  ``active``, ``recall``, ``forget``, ``exit``), answered with one line each; and
   ``heartbeat`` (answered ``heartbeat_started``): from then on, adds to the
   given sessions every ``interval`` seconds, each printed as ``beat`` (or
   ``beat_error``) with its latency; ``freeze`` (see below).
@@ -323,11 +323,21 @@ async def serve_commands(engine: Any, background: Any) -> None:
             continue
         if op == "recall":
             try:
-                hits = await engine.recall(command["query"], session_id=command.get("session"))
+                session = command.get("session")
+                scope = {"session_id": session} if session is not None else {"all_sessions": True}
+                hits = await engine.recall(command["query"], **scope)
             except MemEngineError as exc:
                 emit(op="error", error=type(exc).__name__, message=str(exc))
             else:
                 emit(op="recalled", hits=[[h.session_id, h.episode.seq, h.episode.content] for h in hits])
+            continue
+        if op == "forget":
+            try:
+                report = await engine.forget(tenant=command.get("tenant"), session_id=command.get("session"))
+            except MemEngineError as exc:
+                emit(op="error", error=type(exc).__name__, message=str(exc))
+            else:
+                emit(op="erased", sessions=report.sessions, episodes=report.episodes, summaries=report.summaries)
             continue
         # Each call runs on its own, so a call stuck on one session does not hold up the others.
         background.start_soon(one_call, engine, command)

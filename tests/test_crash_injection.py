@@ -365,13 +365,13 @@ async def check_recall(run: ChildRun, engine, models: dict[str, SessionModel]) -
     words = sorted(live)
     for start in range(0, len(words), 40):
         chunk = words[start : start + 40]
-        hits = await engine.recall(" ".join(chunk), limit=1000)
+        hits = await engine.recall(" ".join(chunk), all_sessions=True, limit=1000)
         assert {(hit.session_id, hit.episode.seq, hit.episode.content) for hit in hits} == {
             live[word] for word in chunk
         }, "recall does not find exactly the live episodes" + run.describe()
     dead = sorted({content.split()[0] for model in models.values() for content in dead_contents(model)})
     for start in range(0, len(dead), 40):
-        hits = await engine.recall(" ".join(dead[start : start + 40]), limit=1000)
+        hits = await engine.recall(" ".join(dead[start : start + 40]), all_sessions=True, limit=1000)
         found = [(hit.session_id, hit.episode.seq, hit.episode.content) for hit in hits]
         assert not found, f"recall finds deleted episodes: {found}" + run.describe()
 

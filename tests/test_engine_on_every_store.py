@@ -73,7 +73,7 @@ async def test_recall_searches_every_session(store_url) -> None:
     async with open_engine(store_url) as engine:
         await engine.session("a").add([Episode("user", "my cat is called Miso"), Episode("user", "hello")])
         await engine.session("b").add([Episode("user", "the cat sleeps all day")])
-        found = await engine.recall("cat")
+        found = await engine.recall("cat", all_sessions=True)
         assert {(hit.session_id, hit.episode.content) for hit in found} == {
             ("a", "my cat is called Miso"),
             ("b", "the cat sleeps all day"),

@@ -670,7 +670,7 @@ async def test_a_slow_read_holds_up_no_writer(db_path: Path, stored: StoredRows)
         found: list = []
 
         async def recall() -> None:
-            found.extend(await engine.recall("word"))
+            found.extend(await engine.recall("word", all_sessions=True))
 
         with anyio.fail_after(GUARD):
             async with anyio.create_task_group() as readers:

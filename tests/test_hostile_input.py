@@ -798,8 +798,8 @@ async def test_seqs_and_recall_limits_beyond_64_bits_are_refused_with_a_value_er
         with pytest.raises(ValueError, match="seq"):
             await session.delete_episodes([1, 2**63])
         with pytest.raises(ValueError, match="limit"):
-            await engine.recall("kept", limit=2**63)
-        assert [hit.episode.content for hit in await engine.recall("kept")] == ["kept"]
+            await engine.recall("kept", all_sessions=True, limit=2**63)
+        assert [hit.episode.content for hit in await engine.recall("kept", all_sessions=True)] == ["kept"]
     assert rows.query("SELECT seq, content FROM episodes") == [(1, "kept")]
 
 
@@ -843,12 +843,12 @@ async def test_seqs_and_recall_limits_are_exact_at_their_bounds(store_url: str, 
             await session.delete_episodes([MAX_SEQ + 1])
         with pytest.raises(TypeError, match=r"Episode\.seq is assigned by the store"):
             Episode("user", "x", seq=MAX_SEQ)
-        assert [hit.episode.seq for hit in await engine.recall("dog", limit=MAX_RECALL_LIMIT)] == [1]
+        assert [hit.episode.seq for hit in await engine.recall("dog", all_sessions=True, limit=MAX_RECALL_LIMIT)] == [1]
         for limit in (0, MAX_RECALL_LIMIT + 1):
             with pytest.raises(ValueError, match=f"limit must be between 1 and {MAX_RECALL_LIMIT}"):
-                await engine.recall("dog", limit=limit)
+                await engine.recall("dog", all_sessions=True, limit=limit)
         with pytest.raises(TypeError, match="limit must be an int"):
-            await engine.recall("dog", limit=True)
+            await engine.recall("dog", all_sessions=True, limit=True)
     assert rows.query("SELECT seq, content FROM episodes") == [(1, "a dog barked")]
 
 

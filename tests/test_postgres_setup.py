@@ -118,7 +118,7 @@ async def test_a_data_only_role_opens_the_engine_after_migrate(capsys: pytest.Ca
             async with open_engine(app_url, summarizer=RecordingSummarizer(), config=config) as engine:
                 context = await engine.session("s").context()
                 assert [e.content for e in context.episodes] == ["turn 4", "turn 5", "turn 6"]
-                assert [r.episode.content for r in await engine.recall("hello")] == ["hello"]
+                assert [r.episode.content for r in await engine.recall("hello", all_sessions=True)] == ["hello"]
             assert sink.delivered_contents()[:2] == ["hello", "hi"]
         assert main(["migrate", owner_url]) == 0
         assert f"already at version {postgres_schema.SCHEMA_VERSION}" in capsys.readouterr().out

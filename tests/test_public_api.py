@@ -20,7 +20,10 @@ def test_exports_are_deliberate() -> None:
         "EngineFailedError",
         "EngineStats",
         "Episode",
+        "ExportStream",
         "ExtractiveSummarizer",
+        "ForgetIncompleteError",
+        "ForgetReport",
         "LeaseLostError",
         "MemEngineError",
         "OpenAISummarizer",
@@ -44,7 +47,12 @@ def test_exports_are_deliberate() -> None:
 
 
 def test_errors_form_one_hierarchy() -> None:
-    for error in (memengine.SessionClosedError, memengine.EngineClosedError, memengine.StoreError):
+    for error in (
+        memengine.SessionClosedError,
+        memengine.EngineClosedError,
+        memengine.StoreError,
+        memengine.ForgetIncompleteError,
+    ):
         assert issubclass(error, memengine.MemEngineError)
 
 

@@ -39,7 +39,9 @@ async def recalled(engine: Engine, wanted: Sequence[str]) -> list[str]:
     """Every content recall finds for these words, asked a query's worth of words at a time (with repeats)."""
     contents = []
     for start in range(0, len(wanted), QUERY_WORDS):
-        hits = await engine.recall(" ".join(wanted[start : start + QUERY_WORDS]), limit=10 * QUERY_WORDS)
+        hits = await engine.recall(
+            " ".join(wanted[start : start + QUERY_WORDS]), all_sessions=True, limit=10 * QUERY_WORDS
+        )
         assert all(isinstance(hit.score, float) and math.isfinite(hit.score) for hit in hits)
         contents.extend(hit.episode.content for hit in hits)
     return contents
@@ -82,9 +84,9 @@ async def test_every_episode_is_found_after_one_add_of_ten_thousand(store_url) -
         found = await recalled(engine, stored)
         assert not missing(stored, found), missing(stored, found)
         assert len(found) == len(stored)  # each once
-        assert [hit.episode.content for hit in await engine.recall("word9999")] == ["word9999"]
+        assert [hit.episode.content for hit in await engine.recall("word9999", all_sessions=True)] == ["word9999"]
     async with open_engine(store_url, config=QUIET) as engine:
-        assert [hit.episode.content for hit in await engine.recall("word4000 word9998")] in (
+        assert [hit.episode.content for hit in await engine.recall("word4000 word9998", all_sessions=True)] in (
             ["word4000", "word9998"],
             ["word9998", "word4000"],
         )
@@ -124,7 +126,7 @@ async def test_deleting_episodes_never_recalled_keeps_recall_working_and_they_ar
         assert await session.delete_episodes(doomed) == len(doomed)
         live = [word for seq, word in enumerate(stored, 1) if seq not in doomed]
 
-        hits = await engine.recall("common", limit=10_000)
+        hits = await engine.recall("common", all_sessions=True, limit=10_000)
         assert sorted(hit.episode.content for hit in hits) == sorted(f"common {word}" for word in live)
         assert all(isinstance(hit.score, float) and math.isfinite(hit.score) for hit in hits)
         found = [content.split()[1] for content in await recalled(engine, stored)]
@@ -133,13 +135,15 @@ async def test_deleting_episodes_never_recalled_keeps_recall_working_and_they_ar
         # And deleting episodes recall has seen, then adding over their place, keeps it exact.
         assert await session.delete_episodes([9_989, 9_988, 2]) == 3
         await session.add([Episode("user", "common newcomer")])
-        hits = await engine.recall("common word9989 word9988 word1 newcomer", limit=10_000)
+        hits = await engine.recall("common word9989 word9988 word1 newcomer", all_sessions=True, limit=10_000)
         assert len(hits) == len(live) - 2
         assert {"common word9988", "common word9987", "common word1"}.isdisjoint(h.episode.content for h in hits)
         assert "common newcomer" in {hit.episode.content for hit in hits}
     async with open_engine(store_url, config=QUIET) as engine:
-        assert [hit.episode.content for hit in await engine.recall("word9987 word4999 word0")] == []
-        assert [hit.episode.content for hit in await engine.recall("newcomer")] == ["common newcomer"]
+        assert [hit.episode.content for hit in await engine.recall("word9987 word4999 word0", all_sessions=True)] == []
+        assert [hit.episode.content for hit in await engine.recall("newcomer", all_sessions=True)] == [
+            "common newcomer"
+        ]
     if not is_postgres_url(store_url):
         # The full-text index agrees with the journal: it holds no deleted row and misses no live one.
         rows.query("INSERT INTO episodes_fts (episodes_fts, rank) VALUES ('integrity-check', 1)")
@@ -184,7 +188,7 @@ async def add_common(engine: Engine, stored: list[str]) -> None:
 
 
 async def assert_all_found(engine: Engine, stored: list[str]) -> None:
-    hits = await engine.recall("common", limit=10_000)
+    hits = await engine.recall("common", all_sessions=True, limit=10_000)
     assert sorted(hit.episode.content for hit in hits) == sorted(f"common {word}" for word in stored)
     assert all(isinstance(hit.score, float) and math.isfinite(hit.score) for hit in hits)
     found = [content.split()[1] for content in await recalled(engine, stored)]
@@ -338,9 +342,9 @@ async def test_a_query_of_seventy_thousand_words_uses_its_first_thousand_distinc
         def found(hits) -> set[str]:
             return {hit.episode.content for hit in hits}
 
-        assert found(await engine.recall(" ".join(words(70_000)), limit=100)) == {"word0", "word999"}
+        assert found(await engine.recall(" ".join(words(70_000)), all_sessions=True, limit=100)) == {"word0", "word999"}
         # Distinct words count, case aside: a repeated word is one word.
         repeated = " ".join(["WORD69999", "word69999"] * 35_000 + ["word1000"])
-        assert found(await engine.recall(repeated, limit=100)) == {"word69999", "word1000"}
+        assert found(await engine.recall(repeated, all_sessions=True, limit=100)) == {"word69999", "word1000"}
         in_session = await engine.recall(" ".join(reversed(words(70_000))), session_id="s", limit=100)
         assert found(in_session) == {"word69999"}  # word69000..word69999, the first thousand

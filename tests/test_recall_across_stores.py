@@ -22,9 +22,9 @@ async def test_diacritics_are_folded_on_sqlite_only(store_url: str) -> None:
     async with open_engine(store_url, config=QUIET) as engine:
         await engine.session("s").add([Episode("user", "We sailed to Maré"), Episode("user", "Lunch at the café")])
 
-        assert [hit.episode.content for hit in await engine.recall("Maré")] == ["We sailed to Maré"]
-        assert [hit.episode.content for hit in await engine.recall("maré")] == ["We sailed to Maré"]
-        unaccented = [hit.episode.content for hit in await engine.recall("mare cafe")]
+        assert [hit.episode.content for hit in await engine.recall("Maré", all_sessions=True)] == ["We sailed to Maré"]
+        assert [hit.episode.content for hit in await engine.recall("maré", all_sessions=True)] == ["We sailed to Maré"]
+        unaccented = [hit.episode.content for hit in await engine.recall("mare cafe", all_sessions=True)]
 
     if is_postgres_url(store_url):
         assert unaccented == []
@@ -36,8 +36,8 @@ async def test_email_addresses_are_found_on_sqlite_only(store_url: str) -> None:
     async with open_engine(store_url, config=QUIET) as engine:
         await engine.session("s").add([Episode("user", "write to bob@example.com")])
 
-        by_name = [hit.episode.content for hit in await engine.recall("bob")]
-        by_address = [hit.episode.content for hit in await engine.recall("bob@example.com")]
+        by_name = [hit.episode.content for hit in await engine.recall("bob", all_sessions=True)]
+        by_address = [hit.episode.content for hit in await engine.recall("bob@example.com", all_sessions=True)]
 
     if is_postgres_url(store_url):
         # The address is one word there, and a query's words are split at "@" and ".": nothing finds it.
@@ -52,7 +52,7 @@ async def test_both_rank_the_better_match_first_with_scores_of_their_own(store_u
             [Episode("user", "the dog barked"), Episode("user", "dog dog dog: the dog's name is Rex, a dog")]
         )
 
-        hits = await engine.recall("dog")
+        hits = await engine.recall("dog", all_sessions=True)
 
     assert hits[0].episode.content.startswith("dog dog dog")
     assert hits[0].score > hits[1].score

@@ -429,7 +429,7 @@ async def test_calls_after_the_servers_dropped_the_idle_connections_succeed(pg_u
         async with open_engine(named(pg_url, app), owner="dropped", config=config) as engine:
             await engine.session("s").add([Episode("user", "first words")])
             assert (await engine.session("s").context()).episodes[0].content == "first words"
-            assert await engine.recall("first")
+            assert await engine.recall("first", all_sessions=True)
             killed = await anyio.to_thread.run_sync(terminate_backends, app)
             assert killed >= 2, f"killed {killed} connections of the engine (expected the writer and the reader)"
             await anyio.sleep(0.2)
@@ -437,7 +437,7 @@ async def test_calls_after_the_servers_dropped_the_idle_connections_succeed(pg_u
                 "add": lambda: engine.session("s").add([Episode("user", "second words")]),
                 "activate": lambda: engine.session("new").add([Episode("user", "a new session")]),
                 "context": lambda: engine.session("s").context(),
-                "recall": lambda: engine.recall("first"),
+                "recall": lambda: engine.recall("first", all_sessions=True),
             }
             order = [first] + [name for name in calls if name != first]
             failures = []
@@ -450,7 +450,7 @@ async def test_calls_after_the_servers_dropped_the_idle_connections_succeed(pg_u
             context = await engine.session("s").context()
             assert [e.content for e in context.episodes] == ["first words", "second words"]
             assert [e.content for e in (await engine.session("new").context()).episodes] == ["a new session"]
-            hits = await engine.recall("words")
+            hits = await engine.recall("words", all_sessions=True)
             assert sorted(h.episode.content for h in hits) == ["first words", "second words"]
 
 

@@ -153,32 +153,32 @@ async def test_recall_finds_turns_and_ranks_the_better_match_first(db_path) -> N
             ]
         )
         await engine.session("bob").add([Episode("user", "Bolo is also the name of a cake")])
-        hits = await engine.recall("Bolo dog")
+        hits = await engine.recall("Bolo dog", all_sessions=True)
         assert [(h.session_id, h.episode.seq) for h in hits][:2] == [("alice", 2), ("alice", 1)]
         assert {h.session_id for h in hits} == {"alice", "bob"}
         assert hits[0].score >= hits[1].score
         only_bob = await engine.recall("bolo", session_id="bob")
         assert [h.episode.content for h in only_bob] == ["Bolo is also the name of a cake"]
-        assert await engine.recall("nothing-matches-this") == []
-        assert await engine.recall('"; DROP TABLE episodes; --') == []
-        assert len(await engine.recall("bolo", limit=1)) == 1
+        assert await engine.recall("nothing-matches-this", all_sessions=True) == []
+        assert await engine.recall('"; DROP TABLE episodes; --', all_sessions=True) == []
+        assert len(await engine.recall("bolo", all_sessions=True, limit=1)) == 1
         with pytest.raises(ValueError):
-            await engine.recall("bolo", limit=0)
+            await engine.recall("bolo", all_sessions=True, limit=0)
 
 
 async def test_recall_never_finds_deleted_or_cleared_episodes(db_path) -> None:
     async with open_engine(db_path) as engine:
         session = engine.session("s")
         await session.add([Episode("user", "my password is swordfish"), Episode("user", "keep this swordfish tale")])
-        assert len(await engine.recall("swordfish")) == 2
+        assert len(await engine.recall("swordfish", all_sessions=True)) == 2
         await session.delete_episodes([1])
-        assert [h.episode.seq for h in await engine.recall("swordfish")] == [2]
+        assert [h.episode.seq for h in await engine.recall("swordfish", all_sessions=True)] == [2]
         await session.clear()
-        assert await engine.recall("swordfish") == []
+        assert await engine.recall("swordfish", all_sessions=True) == []
         await session.add([Episode("user", "a new swordfish")])
-        assert [h.episode.content for h in await engine.recall("swordfish")] == ["a new swordfish"]
+        assert [h.episode.content for h in await engine.recall("swordfish", all_sessions=True)] == ["a new swordfish"]
     async with open_engine(db_path) as engine:
-        assert [h.episode.content for h in await engine.recall("swordfish")] == ["a new swordfish"]
+        assert [h.episode.content for h in await engine.recall("swordfish", all_sessions=True)] == ["a new swordfish"]
 
 
 async def test_bad_sinks_are_refused(db_path) -> None:

@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from memengine import Episode, LeaseLostError, SessionBusyError, StoreError
+from memengine.scope import EVERY_SESSION, Scope
 from memengine.store.base import OutboxEntry
 from memengine.store.open import open_store
 
@@ -231,13 +232,17 @@ async def test_recall_finds_stored_words_and_never_deleted_ones(store_url) -> No
         other, _ = await store.activate("t", TTL)
         await append(store, "s", token, 1, *says("the cat sat on the mat", "a dog barked", "secret cat plans"))
         await append(store, "t", other, 1, *says("another cat"))
-        found = await store.recall("cat", None, 10)
+        found = await store.recall("cat", EVERY_SESSION, 10)
         assert {(hit.session_id, hit.episode.seq) for hit in found} == {("s", 1), ("s", 3), ("t", 1)}
         assert all(hit.score > 0 for hit in found)
-        assert [hit.episode.content for hit in await store.recall("dog OR", "s", 10)] == ["a dog barked"]
+        assert [hit.episode.content for hit in await store.recall("dog OR", Scope(session_id="s"), 10)] == [
+            "a dog barked"
+        ]
         await store.delete_episodes("s", token, [3])
-        assert {hit.episode.content for hit in await store.recall("secret cat", "s", 10)} == {"the cat sat on the mat"}
-        assert await store.recall("'\")(*", None, 10) == []  # no query syntax reaches the engine
+        assert {hit.episode.content for hit in await store.recall("secret cat", Scope(session_id="s"), 10)} == {
+            "the cat sat on the mat"
+        }
+        assert await store.recall("'\")(*", EVERY_SESSION, 10) == []  # no query syntax reaches the engine
 
 
 async def test_two_processes_opening_a_fresh_database_at_once_both_start(store_url) -> None:

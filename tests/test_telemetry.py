@@ -109,7 +109,7 @@ async def test_content_is_recorded_when_opted_in(db_path, telemetry) -> None:
         session = engine.session("s1")
         await session.add([Episode("user", "the secret is pelican")])
         await session.context()
-        await engine.recall("pelican")
+        await engine.recall("pelican", all_sessions=True)
         await session.add(turns(2))
         await session.context(wait_for_summary=True)
         with anyio.fail_after(10):
@@ -289,7 +289,7 @@ async def test_memengine_works_without_opentelemetry(db_path, monkeypatch) -> No
         session = engine.session("s1")
         await session.add(turns(3))
         assert len((await session.context()).episodes) == 3
-        assert len(await engine.recall("turn")) == 3
+        assert len(await engine.recall("turn", all_sessions=True)) == 3
         assert (await engine.stats()).active_sessions == 1
         with pytest.raises(ValueError):
             await session.delete_episodes([0])

@@ -1,4 +1,5 @@
-"""The ``memengine`` command line: ``demo``, ``inspect``, ``replay``, ``reindex``, ``migrate`` and ``set-aside``.
+"""The ``memengine`` command line: ``demo``, ``inspect``, ``replay``, ``reindex``, ``migrate``, ``set-aside``,
+``export`` and ``forget``.
 
 Each subcommand lives in its own module, which adds its parser and the
 function that runs it; this module only builds the top-level parser and
@@ -12,7 +13,7 @@ import os
 import sys
 
 from .._version import installed_version
-from . import demo, exit_status, inspect, migrate, reindex, replay, set_aside
+from . import demo, exit_status, export, forget, inspect, migrate, reindex, replay, set_aside
 from .output import reader_may_leave
 
 __all__ = ["build_parser", "main"]
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     reindex.add_parser(subcommands)
     migrate.add_parser(subcommands)
     set_aside.add_parser(subcommands)
+    export.add_parser(subcommands)
+    forget.add_parser(subcommands)
     return parser
 
 

@@ -52,6 +52,7 @@ from .messages import (
     ClientMessage,
     CloseSession,
     DeleteEpisodes,
+    ForgetSession,
     HandOver,
     LeaseLost,
     ReadContext,
@@ -331,6 +332,8 @@ class SessionActor:
                     await self._on_delete(message)
                 case ClearSession():
                     await self._on_clear(message)
+                case ForgetSession():
+                    await self._on_forget(message)
                 case CloseSession():
                     await self._on_close(message)
                 case RetrySummary():
@@ -429,6 +432,19 @@ class SessionActor:
         await self._settle_append()
         self._apply(await self._store.clear_session(self.session_id, self._lease.current()))
         self._answer(message, None)
+
+    async def _on_forget(self, message: ForgetSession) -> None:
+        await self._settle_append()
+        erased = await self._store.erase_session(self.session_id, self._lease.current())
+        if erased.traces_left:
+            # Its row and lease wait for the retain sink (store/erasure.py): an empty session, let go as at close.
+            self._apply(await self._store.load_session(self.session_id))
+            self._close_requested = True
+        else:
+            # Nothing of the session is left, its lease included: this activation ends without a retain flush
+            # or a lease release, and any message after this one goes to a new activation (a new session).
+            self._given_up = LeaseLostError(f"session {self.session_id!r} was forgotten")
+        self._answer(message, erased)
 
     async def _on_close(self, message: CloseSession) -> None:
         # Every earlier message of this session has been handled. Close is a

@@ -13,6 +13,7 @@ import attrs
 from ..actor.reply import Reply
 from ..context import Context
 from ..episode import Episode
+from ..store.base import Erased
 
 
 @attrs.frozen(eq=False)
@@ -36,6 +37,13 @@ class DeleteEpisodes:
 @attrs.frozen(eq=False)
 class ClearSession:
     reply: Reply[None]
+
+
+@attrs.frozen(eq=False)
+class ForgetSession:
+    """Erase everything stored of the session (Engine.forget); the activation ends after it."""
+
+    reply: Reply[Erased]
 
 
 @attrs.frozen(eq=False)
@@ -92,5 +100,5 @@ class LeaseLost:
     error: BaseException
 
 
-ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | CloseSession | RetrySummary
+ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | ForgetSession | CloseSession | RetrySummary
 SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick | HandOver | LeaseLost

@@ -16,6 +16,7 @@ import attrs
 
 from ..episode import Episode
 from ..errors import StoreError
+from ..scope import Scope
 
 if TYPE_CHECKING:
     from ..retain.batch import RetainMode
@@ -150,6 +151,42 @@ class SessionRow:
     episodes: int
     summarized_through: int
     last_seq: int
+
+
+@attrs.frozen
+class ScopeCounts:
+    """What the sessions of a scope hold in the store (``memengine forget --dry-run``)."""
+
+    sessions: int
+    episodes: int
+    summaries: int
+    outbox_batches: int
+
+
+@attrs.frozen
+class Erased:
+    """What one step of erasing a session deleted; ``complete`` once the erasure is done.
+
+    ``traces_left``: done, but the session's row and lease stay (no content) until the retain outbox has
+    delivered what the erasure's clear left for the sink; a later erasure removes them.
+    """
+
+    episodes: int
+    summaries: int
+    outbox_batches: int
+    complete: bool = True
+    traces_left: bool = False
+
+
+@attrs.frozen
+class ExportedSession:
+    """A session as an export describes it before its episodes: its latest summary and its size."""
+
+    session_id: str
+    summary: str | None
+    summarized_through: int
+    summary_created_at: str | None
+    episodes: int
 
 
 class Store(Protocol):
@@ -342,10 +379,30 @@ class Store(Protocol):
     async def discard_set_aside_retains(self, session_id: str | None = None) -> list[SetAside]:
         """Remove set-aside retain batches from the outbox (the sink never gets them); return what was removed."""
 
-    async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        """Stored episodes matching any of the first 1,000 distinct words of ``query``, best first; never deleted ones.
+    async def recall(self, query: str, scope: Scope, limit: int) -> list[Recalled]:
+        """Stored episodes of ``scope`` matching any of the first 1,000 distinct words of ``query``, best first.
+
+        Never deleted ones.
 
         A damaged index is rebuilt from the journal (and the search made again).
+        """
+
+    async def scope_session_ids(self, scope: Scope, after: str | None, limit: int) -> list[str]:
+        """The ids of the scope's sessions after ``after``, in order, at most ``limit`` (a read)."""
+
+    async def scope_counts(self, scope: Scope) -> ScopeCounts:
+        """How many sessions, episodes, summaries and retain batches the scope holds (a read)."""
+
+    async def exported_session(self, session_id: str) -> ExportedSession:
+        """The session's latest summary and episode count, for an export (a read)."""
+
+    async def episodes_after(self, session_id: str, after_seq: int, limit: int) -> list[Episode]:
+        """The session's stored episodes after ``after_seq``, in order, at most ``limit`` (a read)."""
+
+    async def erase_session(self, session_id: str, token: int) -> Erased:
+        """Erase everything stored of the session, under its lease, in bounded transactions (see erasure.py).
+
+        Returns the totals, ``complete``. Idempotent; a crash in between leaves less to erase next time.
         """
 
     async def rebuild_recall_index(self) -> int:

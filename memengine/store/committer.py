@@ -52,15 +52,19 @@ import anyio
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
-from . import handover, journal, leases, orphans, outbox, owners, set_aside
+from ..scope import Scope
+from . import erasure, handover, journal, leases, orphans, outbox, owners, scoped, set_aside
 from .base import (
     AppendResult,
     Completion,
     DueRetains,
+    Erased,
+    ExportedSession,
     OutboxEntry,
     OutboxState,
     Recalled,
     RecallIndexDamaged,
+    ScopeCounts,
     SessionRow,
     SessionSnapshot,
     SetAside,
@@ -230,7 +234,7 @@ class GroupCommitStore:
     async def _catch_up_recall_index(self) -> None:
         """Index what is stored but not indexed yet (nothing, for a backend that indexes as it writes)."""
 
-    def _search(self, db: Db, query: str, session_id: str | None, limit: int) -> list[Recalled]:
+    def _search(self, db: Db, query: str, scope: Scope, limit: int) -> list[Recalled]:
         """Search the recall index; a read. Raises :class:`RecallIndexDamaged` if the index is damaged."""
         raise NotImplementedError
 
@@ -913,9 +917,9 @@ class GroupCommitStore:
     async def discard_set_aside_retains(self, session_id: str | None = None) -> list[SetAside]:
         return await self._submit(lambda db: set_aside.discard_retains(db, session_id))
 
-    async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        """Search every stored episode: index what waits (in bounded steps), then read; rebuild a damaged index."""
-        search = functools.partial(self._search, query=query, session_id=session_id, limit=limit)
+    async def recall(self, query: str, scope: Scope, limit: int) -> list[Recalled]:
+        """Search ``scope``: index what waits (in bounded steps), then read; rebuild a damaged index."""
+        search = functools.partial(self._search, query=query, scope=scope, limit=limit)
         try:
             await self._catch_up_recall_index()
             return await self._read(search)
@@ -926,6 +930,33 @@ class GroupCommitStore:
 
     async def rebuild_recall_index(self) -> int:
         return await self._submit(self._rebuild_recall_index)
+
+    # -- scopes: listing, export, erasure (scoped.py, erasure.py) -------------
+
+    async def scope_session_ids(self, scope: Scope, after: str | None, limit: int) -> list[str]:
+        return await self._read(lambda db: scoped.session_ids(db, scope, after, limit))
+
+    async def scope_counts(self, scope: Scope) -> ScopeCounts:
+        return await self._read(lambda db: scoped.counts(db, scope))
+
+    async def exported_session(self, session_id: str) -> ExportedSession:
+        return await self._read(lambda db: scoped.exported_session(db, session_id))
+
+    async def episodes_after(self, session_id: str, after_seq: int, limit: int) -> list[Episode]:
+        return await self._read(lambda db: scoped.episodes_after(db, session_id, after_seq, limit))
+
+    async def erase_session(self, session_id: str, token: int) -> Erased:
+        # Steps of at most an add's transaction: other sessions' writes and renewals go in between.
+        episodes = summaries = batches = 0
+        while True:
+            step = await self._submit(
+                functools.partial(erasure.erase_step, session_id=session_id, token=token, limit=TRANSACTION_ROWS)
+            )
+            episodes += step.episodes
+            summaries += step.summaries
+            batches += step.outbox_batches
+            if step.complete:
+                return Erased(episodes, summaries, batches, traces_left=step.traces_left)
 
 
 class _AppendInParts:

@@ -175,7 +175,7 @@ def delete_episodes(db: Db, session_id: str, token: int, seqs: Sequence[int]) ->
     if not existing:
         return 0, load(db, session_id)
     # Before deleting: the seq floor must include the rows about to go.
-    _bump_generation(db, session_id)
+    bump_generation(db, session_id)
     for chunk in _chunks(existing):
         db.execute(
             f"DELETE FROM episodes WHERE session_id = ? AND seq IN ({placeholders(len(chunk))})", (session_id, *chunk)
@@ -194,7 +194,7 @@ def _chunks(seqs: Sequence[int]) -> list[Sequence[int]]:
 
 def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
     leases.require(db, session_id, token)
-    _bump_generation(db, session_id)
+    bump_generation(db, session_id)
     db.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
     db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
     outbox.drop_session(db, session_id)
@@ -240,7 +240,8 @@ def list_sessions(db: Db) -> list[SessionRow]:
     return [SessionRow(*row) for row in rows]
 
 
-def _bump_generation(db: Db, session_id: str) -> None:
+def bump_generation(db: Db, session_id: str) -> None:
+    """Fence whatever was computed from the session's episodes so far (summaries in flight are refused)."""
     db.execute(
         "INSERT INTO sessions (session_id, generation, seq_floor) VALUES (?, 1, "
         "  coalesce((SELECT max(seq) FROM episodes WHERE session_id = ?), 0)) "

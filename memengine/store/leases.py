@@ -19,6 +19,11 @@ from .dialect import Db
 
 _PER_STATEMENT = 1000  # leases per statement (two parameters each)
 
+#: The floor of new lease tokens (one row): the highest token an erased lease held (store/erasure.py).
+TOKEN_FLOOR_TABLE = "CREATE TABLE lease_token_floor (id integer PRIMARY KEY CHECK (id = 1), token bigint NOT NULL)"
+#: The first token of a lease row created now: above every token an erased lease held, so none repeats.
+NEW_LEASE_TOKEN = "1 + coalesce((SELECT f.token FROM lease_token_floor AS f WHERE f.id = 1), 0)"
+
 
 def acquire(db: Db, session_id: str, owner: str, ttl: float) -> int | SessionBusyError:
     """Take the session's lease for ``ttl`` seconds and return the new token, or why not.
@@ -45,7 +50,9 @@ def acquire(db: Db, session_id: str, owner: str, ttl: float) -> int | SessionBus
         handover.mark_wanted(db, session_id)  # its owner lets it go once idle (store/handover.py)
         return busy
     row = db.execute(
-        "INSERT INTO session_leases (session_id, owner, token, expires_at) VALUES (?, ?, 1, {now} + ?) "
+        # A new row's first token lies above every token of an erased lease (store/erasure.py).
+        f"INSERT INTO session_leases (session_id, owner, token, expires_at) VALUES (?, ?, {NEW_LEASE_TOKEN}, "
+        "{now} + ?) "
         # The expiry is computed again on conflict: the row lock may have been waited for.
         "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, token = session_leases.token + 1, "
         "  expires_at = {now} + ?, wanted_at = NULL "

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 
 from ..errors import StoreError
+from ..scope import Scope
 from . import journal, postgres_recall
 from .base import Recalled
 from .committer import GroupCommitStore
@@ -113,8 +114,8 @@ class PostgresStore(GroupCommitStore):
         cursor = db.conn.execute(_INSERT_EPISODES, columns)
         return bool(cursor.rowcount == len(rows))
 
-    def _search(self, db: Db, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        return postgres_recall.search(db, query, session_id, limit, journal.episode_from_row)
+    def _search(self, db: Db, query: str, scope: Scope, limit: int) -> list[Recalled]:
+        return postgres_recall.search(db, query, scope, limit, journal.episode_from_row)
 
     def _rebuild_recall_index(self, db: Db) -> int:
         return postgres_recall.rebuild(db)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..episode import Episode
+from ..scope import Scope
 from . import unfinished
 from .base import Recalled
 from .dialect import Db
@@ -34,7 +35,7 @@ _SEARCH = (
     "  SELECT string_agg('(' || word_query::text || ')', ' | ')::tsquery AS query "
     "  FROM unnest(%s::text[]) AS word, plainto_tsquery('simple', word) AS word_query "
     "  WHERE numnode(word_query) > 0) AS q "
-    "WHERE " + _TSVECTOR + " @@ q.query{in_session} AND " + unfinished.VISIBLE + " "
+    "WHERE " + _TSVECTOR + " @@ q.query AND {in_scope} AND " + unfinished.VISIBLE + " "
     "ORDER BY score DESC, e.session_id, e.seq LIMIT %s"
 )
 
@@ -42,20 +43,17 @@ _SEARCH = (
 def search(
     db: Db,
     query: str,
-    session_id: str | None,
+    scope: Scope,
     limit: int,
     episode_from_row: Callable[[tuple], Episode],
 ) -> list[Recalled]:
-    """Episodes matching any of the query's words (see recall_query.py), best first. A read: writes nothing."""
+    """Episodes of ``scope`` matching any of the query's words (see recall_query.py), best first. A read."""
     words = query_words(query)
     if not words:
         return []
-    params: tuple[object, ...]
-    if session_id is None:
-        in_session, params = "", (words, limit)
-    else:
-        in_session, params = " AND e.session_id = %s", (words, session_id, limit)
-    rows = db.conn.execute(_SEARCH.format(in_session=in_session), params).fetchall()
+    in_scope, scope_params = scope.condition("e.session_id")
+    search = _SEARCH.format(in_scope=in_scope.replace("?", "%s"))
+    rows = db.conn.execute(search, (words, *scope_params, limit)).fetchall()
     return [Recalled(row[0], episode_from_row(row[1:7]), float(row[7])) for row in rows]
 
 

@@ -38,6 +38,7 @@ import attrs
 
 from ..errors import StoreError
 from .handover import WANTED_COLUMN
+from .leases import TOKEN_FLOOR_TABLE
 from .owners import OWNERS_INDEX, OWNERS_TABLE
 from .schema_window import check_newer, compatible_from
 
@@ -167,6 +168,9 @@ MIGRATIONS: list[Migration] = [
         additive=True,
         locks="retain_outbox, ACCESS EXCLUSIVE, briefly (a nullable column without a default: no rewrite)",
     ),
+    # Older code ignores the floor of new lease tokens (Engine.forget): a session newer code erased and older
+    # code then takes starts its tokens at 1 again, which matters only to a process paused across the erasure.
+    Migration((TOKEN_FLOOR_TABLE,), additive=True, locks="nothing that exists (creates a table)"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -23,6 +23,7 @@ import anyio
 
 from ..episode import Episode
 from ..errors import StoreError
+from ..scope import Scope
 from . import journal, sqlite_readonly, sqlite_recall
 from .base import AppendResult, Completion, Recalled
 from .committer import GroupCommitStore, Operation, log
@@ -120,11 +121,17 @@ class SQLiteStore(GroupCommitStore):
             waiting = await self._submit(step)
         self._unindexed = waiting
 
-    def _search(self, db: Db, query: str, session_id: str | None, limit: int) -> list[Recalled]:
-        return sqlite_recall.search(db, query, session_id, limit, journal.episode_from_row)
+    def _search(self, db: Db, query: str, scope: Scope, limit: int) -> list[Recalled]:
+        return sqlite_recall.search(db, query, scope, limit, journal.episode_from_row)
 
     def _rebuild_recall_index(self, db: Db) -> int:
-        return sqlite_recall.rebuild(db)
+        # The old index's pages are overwritten as they are freed: the words of erased episodes
+        # (Engine.forget), which FTS5 keeps in its segments until it merges them, are gone with them.
+        db.execute("PRAGMA secure_delete = ON")
+        try:
+            return sqlite_recall.rebuild(db)
+        finally:
+            db.execute("PRAGMA secure_delete = OFF")
 
     async def _rebuild_damaged_recall_index(self) -> None:
         """Rebuild a recall index found damaged at open (by an older memengine, say) before a delete meets it."""

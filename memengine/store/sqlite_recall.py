@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..episode import Episode
+from ..scope import Scope
 from . import unfinished
 from .base import Recalled, RecallIndexDamaged
 from .dialect import Db
@@ -48,7 +49,7 @@ _WATERMARK = (
 _SEARCH = (
     "SELECT e.session_id, e.seq, e.id, e.role, e.content, e.created_at, e.metadata, bm25(episodes_fts) "
     "FROM episodes_fts JOIN episodes AS e ON e.rowid = episodes_fts.rowid "
-    "WHERE episodes_fts MATCH ?{in_session} AND " + unfinished.VISIBLE + " ORDER BY bm25(episodes_fts) LIMIT ?"
+    "WHERE episodes_fts MATCH ? AND {in_scope} AND " + unfinished.VISIBLE + " ORDER BY bm25(episodes_fts) LIMIT ?"
 )
 
 
@@ -79,25 +80,21 @@ def catch_up(db: Db, limit: int) -> int:
 def search(
     db: Db,
     query: str,
-    session_id: str | None,
+    scope: Scope,
     limit: int,
     episode_from_row: Callable[[tuple], Episode],
 ) -> list[Recalled]:
-    """Indexed episodes matching any of the query's words (see recall_query.py), best (bm25) first.
+    """Indexed episodes of ``scope`` matching any of the query's words (see recall_query.py), best (bm25) first.
 
     A read: writes nothing. Raises :class:`RecallIndexDamaged` if the index is damaged.
     """
     expression = match_expression(query)
     if expression is None:
         return []
-    params: tuple[object, ...]
-    if session_id is None:
-        in_session, params = "", (expression, limit)
-    else:
-        in_session, params = " AND e.session_id = ?", (expression, session_id, limit)
+    in_scope, scope_params = scope.condition("e.session_id")
     with _reporting_damage():
         _checked_watermark(db)
-        rows = db.conn.execute(_SEARCH.format(in_session=in_session), params).fetchall()
+        rows = db.conn.execute(_SEARCH.format(in_scope=in_scope), (expression, *scope_params, limit)).fetchall()
     if any(row[7] is None for row in rows):
         raise RecallIndexDamaged("the recall index is damaged: bm25 has no score for a hit")
     return [Recalled(row[0], episode_from_row(row[1:7]), -float(row[7])) for row in rows]

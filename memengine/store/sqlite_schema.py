@@ -17,6 +17,7 @@ from collections.abc import Callable
 import sqlite_utils
 
 from .handover import WANTED_COLUMN
+from .leases import TOKEN_FLOOR_TABLE
 from .owners import OWNERS_INDEX, OWNERS_TABLE
 from .schema_window import check_newer, compatible_from
 
@@ -168,6 +169,11 @@ def _add_set_aside(db: sqlite_utils.Database) -> None:
     db["retain_outbox"].add_column("set_aside_at", float)  # type: ignore[union-attr]
 
 
+def _add_lease_token_floor(db: sqlite_utils.Database) -> None:
+    # Erasing a session (Engine.forget) deletes its lease row; new lease rows start above the tokens it held.
+    db.execute(TOKEN_FLOOR_TABLE)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _create_journal,
     _add_retain_and_recall,
@@ -177,6 +183,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _add_eviction_boundaries,
     _add_engine_owners,
     _add_set_aside,
+    _add_lease_token_floor,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 #: For each migration, whether code from before it keeps working against the schema it leaves
@@ -184,7 +191,9 @@ SCHEMA_VERSION = len(MIGRATIONS)
 #: boundary is only a hint that older code leaves at its default (the window's rules apply again on load).
 #: The engine owners table is ignored by older code, whose owners are never found dead (their leases expire).
 #: Older code ignores the set-aside marks: it retries set-aside work for ever, as it always did.
-ADDITIVE: list[bool] = [False, False, False, False, False, True, True, True]
+#: Older code ignores the token floor: a session that newer code erased and older code then takes starts its
+#: tokens at 1 again, which matters only to a process paused with an old token across the erasure.
+ADDITIVE: list[bool] = [False, False, False, False, False, True, True, True, True]
 
 _SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS memengine_schema"
