@@ -19,7 +19,7 @@ from .errors import (
     SummaryError,
     UncertainCommitError,
 )
-from .retain.batch import RetainBatch, RetainSink
+from .retain.batch import ForgetRequest, ForgettingSink, RetainBatch, RetainSink
 from .retain.delivery import RetainMetrics
 from .session.handle import Session
 from .stats import EngineStats
@@ -46,6 +46,8 @@ __all__ = [
     "EngineStats",
     "Episode",
     "ExtractiveSummarizer",
+    "ForgetRequest",
+    "ForgettingSink",
     "LeaseLostError",
     "MemEngineError",
     "OpenAISummarizer",

@@ -21,6 +21,8 @@ def test_exports_are_deliberate() -> None:
         "EngineStats",
         "Episode",
         "ExtractiveSummarizer",
+        "ForgetRequest",
+        "ForgettingSink",
         "LeaseLostError",
         "MemEngineError",
         "OpenAISummarizer",

@@ -73,7 +73,13 @@ class RecallIndexDamaged(StoreError):
 
 @attrs.frozen
 class OutboxEntry:
-    """One undelivered retain batch, as recorded in the outbox."""
+    """One undelivered retain batch, or forget (``mode == "forget"``), as recorded in the outbox.
+
+    A forget's ``forget_seqs`` are the seqs to forget (``None``: the whole
+    session), ``last_seq`` how far the session had been handed on when it was
+    recorded, and ``episodes`` the session's live episodes up to there, read
+    when the entry is read.
+    """
 
     id: int
     session_id: str
@@ -84,6 +90,7 @@ class OutboxEntry:
     episodes: tuple[Episode, ...]
     created_at: float
     attempts: int
+    forget_seqs: tuple[int, ...] | None = None
 
 
 @attrs.frozen

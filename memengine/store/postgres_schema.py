@@ -122,6 +122,16 @@ _BOUNDED_RECALL_INDEX = (
 
 _ENGINE_OWNERS = (OWNERS_TABLE, OWNERS_INDEX, WANTED_COLUMN)
 
+_FORGETS = (
+    # How far the session's episodes may have reached the sink: the newest seq of a batch ever claimed
+    # for sending. A delete or clear of an episode up to here records a forget (store/outbox.py).
+    # Existing sessions count every recorded episode as handed on: a forget too many does no harm.
+    "ALTER TABLE sessions ADD COLUMN handed_through bigint NOT NULL DEFAULT 0",
+    "UPDATE sessions SET handed_through = retained_through",
+    # A forget's seqs (JSON list; NULL: the whole session), on rows whose mode is 'forget'.
+    "ALTER TABLE retain_outbox ADD COLUMN forget_seqs text",
+)
+
 MIGRATIONS: list[Migration] = [
     # Everything: there is no older code to keep working.
     Migration(_JOURNAL, additive=False, locks="nothing that exists (creates the tables)"),
@@ -151,6 +161,14 @@ MIGRATIONS: list[Migration] = [
         _ENGINE_OWNERS,
         additive=True,
         locks="session_leases, ACCESS EXCLUSIVE, briefly (a nullable column without a default: no rewrite)",
+    ),
+    # Older code would hand a forget to the sink as an empty retain batch, and keep no track of what was
+    # handed on.
+    Migration(
+        _FORGETS,
+        additive=False,
+        locks="sessions, ROW EXCLUSIVE on every row (one UPDATE of them all) and ACCESS EXCLUSIVE briefly; "
+        "retain_outbox, ACCESS EXCLUSIVE, briefly (a nullable column: no rewrite)",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

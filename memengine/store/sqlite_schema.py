@@ -150,6 +150,16 @@ def _add_engine_owners(db: sqlite_utils.Database) -> None:
     db.execute(WANTED_COLUMN)
 
 
+def _add_forgets(db: sqlite_utils.Database) -> None:
+    # How far the session's episodes may have reached the sink: the newest seq of a batch ever claimed
+    # for sending. A delete or clear of an episode up to here records a forget (store/outbox.py).
+    # Existing sessions count every recorded episode as handed on: a forget too many does no harm.
+    db["sessions"].add_column("handed_through", int, not_null_default=0)  # type: ignore[union-attr]
+    db.execute("UPDATE sessions SET handed_through = retained_through")
+    # A forget's seqs (JSON list; NULL: the whole session), on rows whose mode is 'forget'.
+    db["retain_outbox"].add_column("forget_seqs", str)  # type: ignore[union-attr]
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _create_journal,
     _add_retain_and_recall,
@@ -158,13 +168,15 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _add_retain_retry_times,
     _add_eviction_boundaries,
     _add_engine_owners,
+    _add_forgets,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 #: For each migration, whether code from before it keeps working against the schema it leaves
 #: (see schema_window.py). The first five add what older code would ignore and get wrong; the eviction
 #: boundary is only a hint that older code leaves at its default (the window's rules apply again on load).
 #: The engine owners table is ignored by older code, whose owners are never found dead (their leases expire).
-ADDITIVE: list[bool] = [False, False, False, False, False, True, True]
+#: Older code would hand a forget to the sink as an empty retain batch, and keep no track of what was handed on.
+ADDITIVE: list[bool] = [False, False, False, False, False, True, True, False]
 
 _SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS memengine_schema"
