@@ -24,10 +24,11 @@ pytestmark = pytest.mark.anyio
 GUARD = 10  # seconds; far more than any of these needs
 
 
+@pytest.mark.parametrize("mode", ["append", "replace"])
 async def test_add_retain_delete_clear_reaches_the_sink_as_retain_then_forgets_once_each_in_order(
-    store_url: str, rows: StoreRows
+    store_url: str, rows: StoreRows, mode: str
 ) -> None:
-    sink = ForgettingSink()
+    sink = ForgettingSink(mode)
     config = SessionConfig(retain_every=10, max_episodes=100, passivate_after=None)
     async with open_engine(store_url, retain_sink=sink, config=config) as engine:
         session = engine.session("s")
