@@ -202,3 +202,28 @@ async def test_a_forget_is_not_claimable_while_the_emptied_batch_before_it_is_he
         assert await a.claim_retain(forget.id, forget.key, 60.0) == "busy"
         await b.mark_retained(batch.id, batch.key)
         assert (await a.claim_retain(forget.id, forget.key, 60.0)).mode == "forget"
+
+
+async def test_what_a_forget_keeps_includes_batches_handed_on_after_the_delete_but_recorded_before_it(
+    store_url: str,
+) -> None:
+    # A sink that rewrites a document from ``kept`` must not lose a batch that went out between the delete and
+    # the forget (recorded before the delete, so ahead of the forget in the outbox).
+    sink = ForgettingSink()
+    sink.gate = anyio.Event()
+    config = SessionConfig(retain_every=4, max_episodes=100, passivate_after=None)
+    async with open_engine(store_url, retain_sink=sink, config=config) as engine:
+        session = engine.session("s")
+        await session.add(turns(4))
+        with anyio.fail_after(GUARD):
+            while sink.entered < 1:  # noqa: ASYNC110 - batch 1..4 is in the sink's hands, held
+                await anyio.sleep(0.005)
+        await session.add(turns(4, start=5))  # batch 5..8 is recorded behind it, not handed on yet
+        await session.close()
+        await engine.session("s").delete_episodes([2])
+        sink.gate.set()
+        with anyio.fail_after(GUARD):
+            await sink.wait_for_calls(3)
+    assert sink.calls_made == [("retain", (1, 2, 3, 4)), ("retain", (5, 6, 7, 8)), ("forget", (2,))]
+    (request,) = sink.forgets
+    assert (request.through_seq, [e.seq for e in request.kept]) == (8, [1, 3, 4, 5, 6, 7, 8])

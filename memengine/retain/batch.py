@@ -61,9 +61,10 @@ class ForgetRequest:
 
     ``seqs`` are only episodes the sink may hold: ones in a batch it was handed
     (or was being handed when the delete committed). ``through_seq`` is how far
-    the session had been handed on then; ``kept`` are the session's episodes up
-    to it that are still live when the request is sent, in order, for a sink
-    that rewrites a document from what remains (empty for a clear). Batches
+    the session has been handed on when the request is sent (every batch
+    before it included); ``kept`` are the session's episodes up to it that are
+    still live then, in order, for a sink that rewrites a document from what
+    remains (empty for a clear). Batches
     recorded before the delete reach the sink before this request, batches
     recorded after it come after it and never hold a forgotten episode. ``key``
     is stable: a redelivery after a crash carries the same key.

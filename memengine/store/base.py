@@ -76,9 +76,9 @@ class OutboxEntry:
     """One undelivered retain batch, or forget (``mode == "forget"``), as recorded in the outbox.
 
     A forget's ``forget_seqs`` are the seqs to forget (``None``: the whole
-    session), ``last_seq`` how far the session had been handed on when it was
-    recorded, and ``episodes`` the session's live episodes up to there, read
-    when the entry is read.
+    session), ``last_seq`` how far the session has been handed on when the
+    entry is read (the batches ahead of the forget included), and
+    ``episodes`` the session's live episodes up to there, read then too.
     """
 
     id: int

@@ -150,7 +150,9 @@ def record_forget(db: Db, session_id: str, seqs: Sequence[int] | None, through_s
     """Record a forget of ``seqs`` (``None``: the whole session), after every batch recorded so far.
 
     Called in the transaction of the delete or clear, after it moved the
-    session's generation: its key names that generation.
+    session's generation: its key names that generation. The row's
+    ``last_seq`` keeps ``through_seq`` (how far the session was handed on at
+    the delete); reading the row reports how far it is handed on then.
     """
     (generation,) = db.execute("SELECT generation FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
     db.execute(
@@ -296,11 +298,13 @@ _OUTBOX_COLUMNS = "id, session_id, first_seq, last_seq, mode, key, episodes, cre
 def _entry(db: Db, row: tuple, episode_from_row: EpisodeFromRow) -> OutboxEntry:
     entry_id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts, forget_seqs = row
     if mode == "forget":
-        # What the sink is left with: the live episodes it was handed, as they stand now.
+        # What the sink is left with: the live episodes it was handed, as they stand now. Handed on
+        # by now, not by the delete: batches recorded before the delete went out before this forget.
         seqs = None if forget_seqs is None else tuple(json.loads(forget_seqs))
-        kept = () if seqs is None else _live_episodes(db, session_id, 0, last_seq)
+        through = handed_through(db, session_id)
+        kept = () if seqs is None else _live_episodes(db, session_id, 0, through)
         decoded = tuple(episode_from_row(r) for r in kept)
-        return OutboxEntry(entry_id, session_id, first_seq, last_seq, mode, key, decoded, created_at, attempts, seqs)
+        return OutboxEntry(entry_id, session_id, first_seq, through, mode, key, decoded, created_at, attempts, seqs)
     decoded = tuple(
         episode_from_row((e["seq"], e["id"], e["role"], e["content"], e["created_at"], json.dumps(e["metadata"])))
         for e in json.loads(episodes)
