@@ -238,6 +238,14 @@ class RetainDelivery:
         if not self._has_a_call(entry):
             recorded = await self._record(self._store.mark_retained(entry.id, entry.key))
             return None if recorded else config.retain_backoff
+        if entry.mode == "forget" and entry.forget_seqs is not None:
+            try:
+                # What the sink keeps: read now, with every batch ahead of the forget handed on.
+                through, kept = await self._store.handed_on(entry.session_id)
+            except Exception:
+                log.exception("reading what a forget keeps failed; it is tried again later")
+                return config.retain_backoff
+            entry = attrs.evolve(entry, last_seq=through, episodes=kept)
         valid_until = self._claim_valid_until(asked_at)
         if anyio.current_time() >= valid_until:
             log.warning("a retain claim came back too late to be counted on; the batch is tried again later")

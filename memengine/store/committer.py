@@ -879,6 +879,9 @@ class GroupCommitStore:
     async def mark_retain_failed(self, entry_id: int, key: str, error: str, retry_in: float = 0.0) -> None:
         await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, self.owner, error, retry_in))
 
+    async def handed_on(self, session_id: str) -> tuple[int, tuple[Episode, ...]]:
+        return await self._read(lambda db: outbox.handed_on(db, session_id, journal.episode_from_row))
+
     async def outbox_state(self) -> OutboxState:
         return await self._read(outbox.state)
 

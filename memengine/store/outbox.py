@@ -151,8 +151,9 @@ def record_forget(db: Db, session_id: str, seqs: Sequence[int] | None, through_s
 
     Called in the transaction of the delete or clear, after it moved the
     session's generation: its key names that generation. The row's
-    ``last_seq`` keeps ``through_seq`` (how far the session was handed on at
-    the delete); reading the row reports how far it is handed on then.
+    ``last_seq`` is ``through_seq``, how far the session was handed on at the
+    delete (the delivery reads how far it is when it sends the forget: see
+    :func:`handed_on`).
     """
     (generation,) = db.execute("SELECT generation FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
     db.execute(
@@ -212,7 +213,7 @@ def revise_after_delete(db: Db, session_id: str, deleted: Sequence[int]) -> None
 def pending(db: Db, limit: int, episode_from_row: EpisodeFromRow) -> list[OutboxEntry]:
     """Undelivered batches and forgets, oldest first (so each session's come in order)."""
     return [
-        _entry(db, row, episode_from_row)
+        _entry(row, episode_from_row)
         for row in db.execute(f"SELECT {_OUTBOX_COLUMNS} FROM retain_outbox ORDER BY id LIMIT ?", (limit,)).fetchall()
     ]
 
@@ -281,7 +282,7 @@ def claim(
         (owner, ttl, entry_id, key, owner),
     ).fetchone()
     if row is not None:
-        entry = _entry(db, row, episode_from_row)
+        entry = _entry(row, episode_from_row)
         if entry.mode != "forget":
             db.execute(
                 "UPDATE sessions SET handed_through = {greatest}(handed_through, ?) WHERE session_id = ?",
@@ -295,21 +296,22 @@ def claim(
 _OUTBOX_COLUMNS = "id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts, forget_seqs"
 
 
-def _entry(db: Db, row: tuple, episode_from_row: EpisodeFromRow) -> OutboxEntry:
+def _entry(row: tuple, episode_from_row: EpisodeFromRow) -> OutboxEntry:
     entry_id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts, forget_seqs = row
     if mode == "forget":
-        # What the sink is left with: the live episodes it was handed, as they stand now. Handed on
-        # by now, not by the delete: batches recorded before the delete went out before this forget.
         seqs = None if forget_seqs is None else tuple(json.loads(forget_seqs))
-        through = handed_through(db, session_id)
-        kept = () if seqs is None else _live_episodes(db, session_id, 0, through)
-        decoded = tuple(episode_from_row(r) for r in kept)
-        return OutboxEntry(entry_id, session_id, first_seq, through, mode, key, decoded, created_at, attempts, seqs)
+        return OutboxEntry(entry_id, session_id, first_seq, last_seq, mode, key, (), created_at, attempts, seqs)
     decoded = tuple(
         episode_from_row((e["seq"], e["id"], e["role"], e["content"], e["created_at"], json.dumps(e["metadata"])))
         for e in json.loads(episodes)
     )
     return OutboxEntry(entry_id, session_id, first_seq, last_seq, mode, key, decoded, created_at, attempts)
+
+
+def handed_on(db: Db, session_id: str, episode_from_row: EpisodeFromRow) -> tuple[int, tuple[Episode, ...]]:
+    """How far the session has been handed on, and its live episodes up to there (what a sink holds of it)."""
+    through = handed_through(db, session_id)
+    return through, tuple(episode_from_row(row) for row in _live_episodes(db, session_id, 0, through))
 
 
 # Rows are addressed by id *and* key: an id freed by a clear can be reused by a
