@@ -168,7 +168,10 @@ class HindsightSink:
         nothing is kept. A document already gone counts as deleted.
 
         Errors and cancellation are as for :meth:`retain`: the engine retries
-        the request, with the same key, until it succeeds.
+        the request, with the same key, until it succeeds. With
+        ``retain_async``, a batch Hindsight has queued but not processed yet
+        is processed in Hindsight's own time, possibly after a deletion of
+        the document: erasure is in order only without ``retain_async``.
         """
         if request.seqs is None or not request.kept:
             future = await anyio.to_thread.run_sync(
