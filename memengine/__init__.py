@@ -22,7 +22,7 @@ from .errors import (
 )
 from .privacy.export import ExportStream
 from .privacy.forget import ForgetReport
-from .retain.batch import RetainBatch, RetainSink
+from .retain.batch import ForgetRequest, ForgettingSink, RetainBatch, RetainSink
 from .retain.delivery import RetainMetrics
 from .session.handle import Session
 from .stats import EngineStats
@@ -52,6 +52,8 @@ __all__ = [
     "ExtractiveSummarizer",
     "ForgetIncompleteError",
     "ForgetReport",
+    "ForgetRequest",
+    "ForgettingSink",
     "LeaseLostError",
     "MemEngineError",
     "OpenAISummarizer",

@@ -797,6 +797,8 @@ def _retain_mode(sink: object) -> RetainMode:
     if sink is None:
         return "append"
     _require_async_method(sink, "retain_sink", "retain", "batch")
+    if getattr(sink, "forget", None) is not None:
+        _require_async_method(sink, "retain_sink", "forget", "request")
     mode = getattr(sink, "mode", "append")
     if mode not in ("append", "replace"):
         raise ValueError(f"retain_sink.mode must be 'append' or 'replace', not {mode!r}")

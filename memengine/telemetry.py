@@ -13,10 +13,11 @@ What is emitted (see the README's "Observability"):
   the backend's cancellation class and no error status.
 - A span per summarizer call (``memengine.summarize``, the count is the episodes
   folded in) and per retain sink call (``memengine.retain``, the count is the
-  batch's episodes). Client spans are children of the caller's current span;
-  these two are roots (the engine's own tasks run them, after the call that
-  caused them), made current so spans the summarizer or the sink start (an
-  LLM call) nest under them.
+  batch's episodes; for a ``forget`` call, the seqs forgotten, 0 for a whole
+  session). Client spans are children of the caller's current span; these two
+  are roots (the engine's own tasks run them, after the call that caused
+  them), made current so spans the summarizer or the sink start (an LLM call)
+  nest under them.
 - Content (episode text, summaries, queries) only when opted in: ``open_engine(
   capture_content=True)``, or with ``capture_content`` left at None, the
   environment variable ``MEMENGINE_OTEL_CAPTURE_CONTENT=true``.

@@ -132,6 +132,57 @@ class RecordingSink:
         return [episode.content for batch in self.batches for episode in batch.episodes]
 
 
+class ForgettingSink(RecordingSink):
+    """A retain sink that also forgets: records every call in order, and what it holds per session.
+
+    ``calls_made`` lists ``("retain", seqs)`` and ``("forget", seqs or None)`` in arrival order;
+    ``held`` is the sink's model of its store: the seqs of each session it was handed and not told to forget.
+    With ``gate`` set, each call waits for it (``entered`` counts calls that started).
+    """
+
+    def __init__(self, mode: str = "append", failures: int = 0) -> None:
+        super().__init__(mode, failures)
+        self.calls_made: list[tuple[str, tuple[int, ...] | None]] = []
+        self.forgets: list = []
+        self.held: dict[str, set[int]] = {}
+        self.gate: anyio.Event | None = None
+        self.entered = 0
+
+    async def retain(self, batch) -> None:
+        self.entered += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        await super().retain(batch)
+        seqs = tuple(episode.seq for episode in batch.episodes)
+        self.calls_made.append(("retain", seqs))
+        held = self.held.setdefault(batch.session_id, set())
+        if batch.mode == "replace":
+            held.clear()
+        held.update(seqs)
+
+    async def forget(self, request) -> None:
+        self.entered += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError(f"sink unavailable (call {self.calls})")
+        self.forgets.append(request)
+        self.calls_made.append(("forget", request.seqs))
+        held = self.held.setdefault(request.session_id, set())
+        if request.seqs is None:
+            held.clear()
+        else:
+            held.difference_update(request.seqs)
+        if self._arrived is not None:
+            self._arrived.set()
+
+    async def wait_for_calls(self, count: int) -> None:
+        while len(self.calls_made) < count:
+            self._arrived = anyio.Event()
+            await self._arrived.wait()
+
+
 class StuckSink:
     """A retain sink that never returns."""
 

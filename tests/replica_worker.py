@@ -9,7 +9,7 @@ with short leases, and prints JSON lines on stdout:
 - in ``hammer`` mode, for SECONDS: random adds and reads over 50 shared
   sessions, each acknowledged add and each context read as it was returned;
 - in ``serve`` mode: one JSON command per stdin line (``add``, ``context``,
-  ``active``, ``recall``, ``forget``, ``exit``), answered with one line each; and
+  ``delete``, ``clear``, ``active``, ``recall``, ``forget``, ``exit``), answered with one line each; and
   ``heartbeat`` (answered ``heartbeat_started``): from then on, adds to the
   given sessions every ``interval`` seconds, each printed as ``beat`` (or
   ``beat_error``) with its latency; ``freeze`` (see below).
@@ -18,7 +18,8 @@ Fault knobs (environment):
 
 - ``MEMENGINE_TEST_RETAIN=1``: a retain sink (batches every
   ``MEMENGINE_TEST_RETAIN_EVERY`` episodes, default 5) that prints every
-  batch it is handed (``{"op": "retained", ...}``) before returning;
+  batch it is handed (``{"op": "retained", ...}``) and every forget
+  (``{"op": "forgot", ...}``) before returning;
 - ``MEMENGINE_TEST_FREEZE_IN_TRANSACTION=1``: the ``freeze`` command arms a
   trap on a session: the next write of that session checks its lease
   (``SELECT ... FOR SHARE`` on the session's lease row, inside the commit's
@@ -55,6 +56,7 @@ import anyio
 
 from memengine import (
     Episode,
+    ForgetRequest,
     LeaseLostError,
     MemEngineError,
     RetainBatch,
@@ -126,6 +128,9 @@ class PrintingSink:
             episodes=[[e.seq, e.id] for e in batch.episodes],
             at=time.time(),
         )
+
+    async def forget(self, request: ForgetRequest) -> None:
+        emit(op="forgot", session=request.session_id, seqs=request.seqs, key=request.key, at=time.time())
 
 
 class FreezeTrap:
@@ -351,6 +356,12 @@ async def one_call(engine: Any, command: dict[str, Any]) -> None:
         if op == "add":
             stored = await handle.add([Episode("user", text) for text in command["contents"]])
             emit(op="ack", session=command["session"], seqs=[e.seq for e in stored], latency=time.monotonic() - started)
+        elif op == "delete":
+            deleted = await handle.delete_episodes(command["seqs"])
+            emit(op="deleted", session=command["session"], deleted=deleted)
+        elif op == "clear":
+            await handle.clear()
+            emit(op="cleared", session=command["session"])
         elif op == "context":
             context = await handle.context(wait_for_summary=command.get("wait", False))
             emit(op="context", **context_record(command["session"], context))

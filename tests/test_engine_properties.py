@@ -3,12 +3,14 @@
 Hypothesis drives random sequences of operations (adds, re-sent ids, adds of
 more than 4,000 episodes, reads, waiting reads, deletes, deleting the newest
 episodes before a close, clears, closes, cancelled calls, summarizer and sink
-failures, commits in doubt on every kind of write, engine restarts, and the
+failures, deliveries settling, commits in doubt on every kind of write, engine restarts, and the
 engine stopped in the middle of an add by a cancelled scope or a failing
 sibling task), with the window drawn per run (chunked or one-at-a-time
 eviction, a token budget or none) and tool calls whose results come at once
 or many steps later, and checks every invariant after every step (every read
 a valid request prefix: no tool result without its call before it), recall included,
+and the sink's model (retains add, forgets remove: it holds exactly the live
+episodes handed on once no forget is pending),
 on asyncio and on trio (under a MockClock). A failing case shrinks to a short
 sequence of steps. Set MEMENGINE_SOAK=N to run N times more examples.
 """
@@ -79,11 +81,30 @@ class FlakySummarizer:
 
 
 class FlakySink(RecordingSink):
+    """Records batches and forgets, and applies them to a model of what it holds; fails while ``failures`` > 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgets: list = []
+        self.held: dict[str, set[int]] = {}
+
     async def retain(self, batch) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise ConnectionError("sink unavailable")
         self.batches.append(batch)
+        self.held.setdefault(batch.session_id, set()).update(e.seq for e in batch.episodes)
+
+    async def forget(self, request) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("sink unavailable")
+        self.forgets.append(request)
+        held = self.held.setdefault(request.session_id, set())
+        if request.seqs is None:
+            held.clear()
+        else:
+            held.difference_update(request.seqs)
 
 
 class SiblingFailed(Exception):
@@ -455,7 +476,38 @@ class EngineMachine(RuleBasedStateMachine):
     def sink_fails(self, failures: int) -> None:
         self.sink.failures = failures
 
+    @rule()
+    def deliveries_settle(self) -> None:
+        """Wait until the outbox is empty: every batch and forget recorded so far has reached the sink."""
+
+        async def drained() -> None:
+            with anyio.fail_after(30):
+                while (await self.engine.store.outbox_state()).depth:  # noqa: ASYNC110 - the delivery actor empties it
+                    await anyio.sleep(0.005)
+
+        self.portal.call(drained)
+
     # -- invariants ------------------------------------------------------------
+
+    @invariant()
+    def sink_holds_exactly_the_live_episodes_handed_on(self) -> None:
+        """The sink never loses a live episode it was handed; once no forget is pending, it holds nothing else."""
+        if self.engine is None:
+            return
+
+        async def check() -> None:
+            pending = await self.engine.store.pending_retains(1000)
+            forgets_pending = {entry.session_id for entry in pending if entry.mode == "forget"}
+            # Read in the engine's event loop, after the outbox: no sink call changes them meanwhile.
+            for session in SESSIONS:
+                handed = {e.seq for b in self.sink.batches if b.session_id == session for e in b.episodes}
+                live = {seq for seq, _ in self.live[session]}
+                held = self.sink.held.get(session, set())
+                assert handed & live <= held <= handed, f"{session}: the sink lost a live episode"
+                if session not in forgets_pending:
+                    assert held == handed & live, f"{session}: the sink holds removed episodes {held - live}"
+
+        self.portal.call(check)
 
     @invariant()
     def store_holds_exactly_the_live_episodes(self) -> None:
@@ -569,12 +621,16 @@ class EngineMachine(RuleBasedStateMachine):
         """Exactly once, in order, per session (checked after clean exits)."""
         keys = [b.key for b in self.sink.batches]
         assert len(keys) == len(set(keys)), "a batch was delivered twice"
+        forget_keys = [request.key for request in self.sink.forgets]
+        assert len(forget_keys) == len(set(forget_keys)), "a forget was delivered twice"
         for session in SESSIONS:
             seqs = [e.seq for b in self.sink.batches if b.session_id == session for e in b.episodes]
             assert seqs == sorted(set(seqs)), f"{session}: deliveries out of order or repeated: {seqs}"
             if final:
                 delivered = set(seqs)
-                assert {seq for seq, _ in self.live[session]} <= delivered, "a live episode was never delivered"
+                live = {seq for seq, _ in self.live[session]}
+                assert live <= delivered, "a live episode was never delivered"
+                assert self.sink.held.get(session, set()) == live, f"{session}: the sink holds what was removed"
 
 
 def _shown(context) -> list[str]:

@@ -28,12 +28,21 @@ from hindsight_client_api.exceptions import ApiException
 
 from memengine import Episode
 from memengine.episode import with_seq
-from memengine.retain.batch import RetainBatch, RetainMode, RetainSink, retain_key
+from memengine.retain.batch import (
+    ForgetRequest,
+    ForgettingSink,
+    RetainBatch,
+    RetainMode,
+    RetainSink,
+    forget_key,
+    retain_key,
+)
 from memengine.retain.hindsight import HindsightSink
 
 pytestmark = pytest.mark.anyio
 
 _RETAIN_PATH = re.compile(r"/v1/default/banks/(?P<bank_id>[^/]+)/memories")
+_DOCUMENT_PATH = re.compile(r"/v1/default/banks/(?P<bank_id>[^/]+)/documents/(?P<document_id>[^/]+)")
 T0 = datetime(2024, 3, 15, 9, 0, tzinfo=UTC)
 
 
@@ -69,6 +78,7 @@ class FakeHindsight(ThreadingHTTPServer):
         self.hung_up = threading.Event()
         self.released = threading.Event()
         self.released.set()
+        self.documents: set[str] = set()  # ids of the documents stored (retained, not deleted)
 
     @property
     def url(self) -> str:
@@ -80,12 +90,22 @@ class FakeHindsight(ThreadingHTTPServer):
         self.arrived.set()
 
     def answer(self, request: Received) -> tuple[int, Any]:
+        document = _DOCUMENT_PATH.fullmatch(request.path)
+        if request.method == "DELETE" and document is not None:
+            if self.fail_with is not None:
+                return self.fail_with, {"detail": "the memory store is unavailable"}
+            if document["document_id"] not in self.documents:
+                return 404, {"detail": "Document not found"}
+            self.documents.discard(document["document_id"])
+            deleted = {"success": True, "message": "Document deleted", "document_id": document["document_id"]}
+            return 200, {**deleted, "memory_units_deleted": 3}
         match = _RETAIN_PATH.fullmatch(request.path)
         if request.method != "POST" or match is None:
             return 404, {"detail": "Not Found"}
         if self.fail_with is not None:
             return self.fail_with, {"detail": "the memory store is unavailable"}
         body = request.body
+        self.documents.update(item["document_id"] for item in body["items"] if item.get("document_id"))
         retain_async = body.get("async", False)
         # An async retain answers with the operation it queued: the caller's id, if it gave one.
         operation_id = (body.get("operation_id") or str(uuid.uuid4())) if retain_async else None
@@ -106,6 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer()
 
     def do_GET(self) -> None:
+        self._answer()
+
+    def do_DELETE(self) -> None:
         self._answer()
 
     def _answer(self) -> None:
@@ -375,3 +398,102 @@ async def test_through_the_engine_each_turn_reaches_the_session_document_once(
     lines = [line.split(": ", 1)[1] for item in items for line in item["content"].splitlines()]
     assert lines == [f"turn {i}" for i in range(1, 6)]
     assert [item["metadata"]["memengine_first_seq"] for item in items] == ["1", "4"]
+
+
+def forgetting(session_id: str, seqs: tuple[int, ...] | None, through_seq: int, *kept: Episode) -> ForgetRequest:
+    return ForgetRequest(session_id, seqs, through_seq, kept, forget_key(session_id, 2))
+
+
+def test_is_a_sink_that_forgets() -> None:
+    assert isinstance(HindsightSink("support", base_url="http://127.0.0.1:9"), ForgettingSink)
+
+
+async def test_forgetting_a_cleared_session_deletes_its_document(hindsight: FakeHindsight) -> None:
+    async with HindsightSink("support", base_url=hindsight.url, document_id=lambda s: f"doc-{s}") as sink:
+        await sink.retain(batch("chat-7", HELLO, WELCOME))
+        await sink.forget(forgetting("chat-7", None, 2))
+    assert [(r.method, r.path) for r in hindsight.received][1:] == [
+        ("DELETE", "/v1/default/banks/support/documents/doc-chat-7")
+    ]
+    assert hindsight.documents == set()
+
+
+@pytest.mark.parametrize("mode", ["append", "replace"])
+async def test_forgetting_deleted_episodes_rewrites_the_document_from_the_kept_ones(
+    hindsight: FakeHindsight, mode: RetainMode
+) -> None:
+    request = forgetting("chat-7", (2,), 3, HELLO, BILLING)
+    async with HindsightSink("support", base_url=hindsight.url, mode=mode) as sink:
+        await sink.forget(request)
+    (sent,) = hindsight.received
+    assert (sent.method, sent.path) == ("POST", "/v1/default/banks/support/memories")
+    item = sent.item
+    assert item.get("update_mode") is None  # a plain retain under the document id replaces the document
+    assert item["document_id"] == "chat-7"
+    assert item["content"] == (
+        "user (2024-03-15T09:01:00Z): Hi, I'm Maria. I moved to Lisbon last month.\n"
+        "user (2024-03-15T09:03:00Z): I'm still billed for the Basic plan."
+    )
+    assert item["metadata"]["memengine_key"] == request.key
+    assert (item["metadata"]["memengine_first_seq"], item["metadata"]["memengine_last_seq"]) == ("1", "3")
+
+
+async def test_a_forget_sent_after_a_later_clear_keeps_nothing_and_deletes_the_document(
+    hindsight: FakeHindsight,
+) -> None:
+    # The engine reads what is kept when it sends the request: a clear since the delete leaves nothing.
+    async with HindsightSink("support", base_url=hindsight.url) as sink:
+        await sink.retain(batch("chat-7", HELLO, WELCOME))
+        await sink.forget(forgetting("chat-7", (2,), 2))
+        await sink.forget(forgetting("chat-7", None, 2))  # the document is gone already: nothing to do
+    assert [r.method for r in hindsight.received] == ["POST", "DELETE", "DELETE"]
+    assert hindsight.documents == set()
+
+
+async def test_forgetting_every_episode_handed_on_deletes_the_document(hindsight: FakeHindsight) -> None:
+    async with HindsightSink("support", base_url=hindsight.url) as sink:
+        await sink.forget(forgetting("chat-7", (1, 2), 2))  # nothing kept; the document is gone already
+    assert [(r.method, r.path) for r in hindsight.received] == [
+        ("DELETE", "/v1/default/banks/support/documents/chat-7")
+    ]
+
+
+async def test_a_failed_forget_raises_so_the_engine_retries(hindsight: FakeHindsight) -> None:
+    hindsight.fail_with = 503
+    async with HindsightSink("support", base_url=hindsight.url) as sink:
+        with pytest.raises(ApiException) as raised:
+            await sink.forget(forgetting("chat-7", None, 2))
+    assert raised.value.status == 503
+
+
+async def test_through_the_engine_a_delete_rewrites_and_a_clear_deletes_the_document(
+    hindsight: FakeHindsight, tmp_path
+) -> None:
+    from memengine import SessionConfig, open_engine
+
+    async with HindsightSink("support", base_url=hindsight.url) as sink:
+        config = SessionConfig(retain_every=3, max_episodes=100)
+        async with open_engine(tmp_path / "memory.db", retain_sink=sink, config=config) as engine:
+            session = engine.session("chat-9")
+            for i in range(1, 4):
+                await session.add([Episode("user", f"turn {i}")])
+            with anyio.fail_after(10):
+                while not hindsight.received:  # noqa: ASYNC110 - the fake server records on its own thread
+                    await anyio.sleep(0.01)
+            await session.delete_episodes([2])
+            with anyio.fail_after(10):
+                while len(hindsight.received) < 2:  # noqa: ASYNC110 - the fake server records on its own thread
+                    await anyio.sleep(0.01)
+            await session.clear()
+            await session.close()
+    requests = hindsight.received
+    assert [(r.method, r.path.rsplit("/", 1)[-1]) for r in requests] == [
+        ("POST", "memories"),
+        ("POST", "memories"),
+        ("DELETE", "chat-9"),
+    ]
+    appended, rewritten = requests[0].item, requests[1].item
+    assert appended["update_mode"] == "append"
+    assert rewritten.get("update_mode") is None
+    assert [line.split(": ", 1)[1] for line in rewritten["content"].splitlines()] == ["turn 1", "turn 3"]
+    assert hindsight.documents == set()

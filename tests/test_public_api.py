@@ -24,6 +24,8 @@ def test_exports_are_deliberate() -> None:
         "ExtractiveSummarizer",
         "ForgetIncompleteError",
         "ForgetReport",
+        "ForgetRequest",
+        "ForgettingSink",
         "LeaseLostError",
         "MemEngineError",
         "OpenAISummarizer",

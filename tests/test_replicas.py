@@ -83,7 +83,7 @@ class Worker:
         self.process.stdin.flush()  # type: ignore[union-attr]
         while True:
             record = self.read()
-            if record["op"] not in ("lease", "summarized", "retained", "try", "beat", "beat_error"):
+            if record["op"] not in ("lease", "summarized", "retained", "forgot", "try", "beat", "beat_error"):
                 return record
 
     def finish(self, timeout: float = 60) -> list[dict[str, Any]]:
@@ -327,6 +327,43 @@ def test_two_processes_hammering_the_same_sessions_agree_on_one_truth(store_url:
     assert left == 0, f"{left} batches still in the retain outbox"
     problems, _ = retain_problems(retained, stored, dedupe=False)
     assert problems == [], "\n".join(problems[:20])
+
+
+def test_deletes_and_clears_from_either_replica_reach_the_sink_once_in_order(store_url: str) -> None:
+    """add 10 on one replica / retain / delete 3 on the other / clear on the first: whoever delivers."""
+    env = {"MEMENGINE_TEST_RETAIN": "1", "MEMENGINE_TEST_RETAIN_EVERY": "10"}
+    rows = StoreRows(store_url)
+
+    def handed_on(through: int) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            (recorded,) = rows.query("SELECT retained_through FROM sessions WHERE session_id = 's'") or [(0,)]
+            if recorded[0] >= through and rows.query("SELECT count(*) FROM retain_outbox") == [(0,)]:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"not delivered: {rows.query('SELECT id, mode, last_seq FROM retain_outbox')}")
+
+    a = Worker(store_url, "asyncio", "replica-a", "serve", **env)
+    b = Worker(store_url, "trio", "replica-b", "serve", **env)
+    try:
+        assert a.ask(op="add", session="s", contents=[f"turn {i}" for i in range(1, 11)])["op"] == "ack"
+        handed_on(10)
+        assert b.ask(op="delete", session="s", seqs=[2, 5, 7]) == {"op": "deleted", "session": "s", "deleted": 3}
+        handed_on(10)
+        assert a.ask(op="clear", session="s") == {"op": "cleared", "session": "s"}
+        handed_on(10)
+        for worker in (a, b):
+            worker.process.stdin.write(json.dumps({"op": "exit"}) + "\n")  # type: ignore[union-attr]
+            worker.process.stdin.flush()  # type: ignore[union-attr]
+        records = [r for worker in (a, b) for r in worker.finish()]
+    finally:
+        a.stop()
+        b.stop()
+    calls = sorted((r for r in records if r["op"] in ("retained", "forgot")), key=lambda r: r["at"])
+    assert [
+        ("retain", [seq for seq, _ in r["episodes"]]) if r["op"] == "retained" else ("forget", r["seqs"]) for r in calls
+    ] == [("retain", list(range(1, 11))), ("forget", [2, 5, 7]), ("forget", None)]
+    assert len({r["key"] for r in calls}) == 3
 
 
 def test_a_killed_owner_is_taken_over_at_once_and_nothing_acknowledged_is_lost(store_url: str) -> None:

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from memengine import EngineStats, Episode, SessionClosedError, SessionConfig, open_engine
 
-from .fakes import GatedSummarizer, RecordingSink, StuckSink, turns
+from .fakes import ForgettingSink, GatedSummarizer, RecordingSink, StuckSink, turns
 
 pytestmark = pytest.mark.anyio
 
@@ -201,6 +201,27 @@ async def test_each_retain_delivery_is_a_span_and_a_failure_has_its_error_type(d
     assert attributes(failed)["error.type"] == "ConnectionError"
     assert failed.status.status_code is StatusCode.ERROR
     assert "error.type" not in attributes(delivered)
+
+
+async def test_each_forget_is_a_retain_span_of_its_own_operation(db_path, telemetry) -> None:
+    sink = ForgettingSink()
+    config = SessionConfig(retain_every=3, max_episodes=100)
+    async with open_engine(db_path, retain_sink=sink, config=config, **telemetry.providers()) as engine:
+        session = engine.session("s1")
+        await session.add(turns(3))
+        with anyio.fail_after(10):
+            await sink.wait_for_calls(1)
+        await session.delete_episodes([1, 3])
+        await session.clear()
+        with anyio.fail_after(10):
+            await sink.wait_for_calls(3)
+    spans = telemetry.spans("memengine.retain")
+    assert [(attributes(s)["memengine.operation"], attributes(s)["gen_ai.memory.record.count"]) for s in spans] == [
+        ("retain", 3),
+        ("forget", 2),
+        ("forget", 0),  # a whole session
+    ]
+    assert {attributes(s)["gen_ai.conversation.id"] for s in spans} == {"s1"}
 
 
 async def test_stats_and_gauges_show_sessions_and_episodes_waiting_for_a_summary(db_path, telemetry) -> None:

@@ -20,7 +20,7 @@ from memengine.privacy.export import write_json_lines
 from memengine.privacy.forget import ForgetReport
 
 from .conftest import StoreRows
-from .fakes import GatedSummarizer, RecordingSummarizer, StuckSink
+from .fakes import ForgettingSink, GatedSummarizer, RecordingSummarizer, StuckSink
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +66,8 @@ async def filled(engine, tenants: dict[str, int], turns: int = 7) -> None:
 
 
 async def test_forgetting_a_tenant_erases_everything_of_it_and_nothing_else(store_url, rows) -> None:
-    sink = StuckSink()  # its batches stay in the outbox
+    sink = ForgettingSink()
+    sink.gate = anyio.Event()  # batches stay in the outbox; the first of each session is in the sink's hands
     async with open_engine(
         store_url, summarizer=RecordingSummarizer(), config=SMALL, retain_sink=sink, retain_grace=0
     ) as engine:
@@ -74,6 +75,9 @@ async def test_forgetting_a_tenant_erases_everything_of_it_and_nothing_else(stor
         # One of alice's sessions only activated (a lease row, nothing stored), one with an unfinished add marker.
         await engine.session("alice/empty").context()
         assert traces(rows, "alice/").keys() >= {"episodes", "summaries", "sessions", "session_leases", "retain_outbox"}
+        with anyio.fail_after(10):
+            while sink.entered < 6:  # noqa: ASYNC110 (each session's first batch reached the sink, which holds it)
+                await anyio.sleep(0.01)
         before = others(rows, "alice/")
         planned = await engine.forget(tenant="alice", dry_run=True)
         assert planned == ForgetReport("tenant 'alice'", 4, 21, planned.summaries, planned.outbox_batches, dry_run=True)
@@ -82,8 +86,16 @@ async def test_forgetting_a_tenant_erases_everything_of_it_and_nothing_else(stor
 
         report = await engine.forget(tenant="alice")
 
-        assert report == ForgetReport("tenant 'alice'", 4, 21, planned.summaries, planned.outbox_batches)
-        assert traces(rows, "alice/") == {}
+        # The sink holds each chat's first batch in flight: those three stay in the outbox, emptied, their
+        # sessions' rows with them, until the sink's call ends and its forget follows.
+        assert report == ForgetReport(
+            "tenant 'alice'", 4, 21, planned.summaries, planned.outbox_batches - 3, waiting_for_sink=3
+        )
+        left = traces(rows, "alice/")
+        assert left.keys() <= {"sessions", "session_leases", "retain_outbox"} and left["sessions"] == 3, left
+        assert rows.query("SELECT DISTINCT episodes FROM retain_outbox WHERE substr(session_id, 1, 6) = 'alice/'") == [
+            ("[]",)
+        ]
         assert others(rows, "alice/") == before
         for chat in range(3):
             assert not engine.is_active(f"alice/chat-{chat}")
@@ -97,12 +109,25 @@ async def test_forgetting_a_tenant_erases_everything_of_it_and_nothing_else(stor
             # The full-text index itself holds no entry of the erased rows.
             ((indexed,),) = rows.query("SELECT count(*) FROM episodes_fts WHERE episodes_fts MATCH 'zebra'")
             assert indexed == 7 * 3
+
+        # The sink finishes its calls and is told to forget each chat; then forgetting again leaves nothing.
+        sink.gate.set()
+        with anyio.fail_after(10):
+            while rows.query("SELECT count(*) FROM retain_outbox WHERE substr(session_id, 1, 6) = 'alice/'") != [(0,)]:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        assert sorted(
+            (request.session_id, request.seqs) for request in sink.forgets if request.session_id.startswith("alice/")
+        ) == [(f"alice/chat-{chat}", None) for chat in range(3)]
+        assert all(not sink.held.get(f"alice/chat-{chat}") for chat in range(3))
+        again = await engine.forget(tenant="alice")
+        assert (again.episodes, again.summaries, again.outbox_batches, again.waiting_for_sink) == (0, 0, 0, 0)
+        assert traces(rows, "alice/") == {}
         # Forgetting again finds nothing; a later call starts a new, empty session.
         assert await engine.forget(tenant="alice") == ForgetReport("tenant 'alice'", 0, 0, 0, 0)
         context = await engine.session("alice/chat-0").context()
         assert (context.summary, context.episodes) == (None, ())
-        (again,) = await engine.session("alice/chat-0").add([Episode("user", "a new start")])
-        assert again.seq == 1
+        (again_added,) = await engine.session("alice/chat-0").add([Episode("user", "a new start")])
+        assert again_added.seq == 1
 
 
 async def test_a_forgotten_session_is_not_brought_back_by_its_activation_nor_its_summarizer(store_url, rows) -> None:

@@ -1,4 +1,4 @@
-"""What a retain sink receives, and the protocol it implements."""
+"""What a retain sink receives, and the protocols it implements (``retain``; ``forget`` if it can erase)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ RetainMode = Literal["append", "replace"]
 def retain_key(session_id: str, first_seq: int, last_seq: int, mode: RetainMode) -> str:
     """A stable idempotency key for one batch: the same session, range and mode give the same key."""
     digest = hashlib.sha256(f"{mode}\x00{session_id}\x00{first_seq}\x00{last_seq}".encode()).hexdigest()
+    return f"memengine-{digest[:32]}"
+
+
+def forget_key(session_id: str, generation: int) -> str:
+    """A stable idempotency key for one forget: the delete or clear that made the session's ``generation``."""
+    digest = hashlib.sha256(f"forget\x00{session_id}\x00{generation}".encode()).hexdigest()
     return f"memengine-{digest[:32]}"
 
 
@@ -47,3 +53,39 @@ class RetainSink(Protocol):
     """
 
     async def retain(self, batch: RetainBatch) -> None: ...
+
+
+@attrs.frozen
+class ForgetRequest:
+    """Episodes a delete (``seqs``) or a clear (``seqs is None``: the whole session) removed after they were handed on.
+
+    ``seqs`` are only episodes the sink may hold: ones in a batch it was handed
+    (or was being handed when the delete committed). ``through_seq`` is how far
+    the session has been handed on when the request is sent (every batch
+    before it included); ``kept`` are the session's episodes up to it that are
+    still live then, in order, for a sink that rewrites a document from what
+    remains (empty for a clear). Batches
+    recorded before the delete reach the sink before this request, batches
+    recorded after it come after it and never hold a forgotten episode. ``key``
+    is stable: a redelivery after a crash carries the same key.
+    """
+
+    session_id: str
+    seqs: tuple[int, ...] | None
+    through_seq: int
+    kept: tuple[Episode, ...]
+    key: str
+
+
+@runtime_checkable
+class ForgettingSink(RetainSink, Protocol):
+    """A retain sink that can also erase what it was handed: the engine passes deletes and clears on.
+
+    ``forget`` is called from the delivery actor, in order with the session's
+    retain batches, exactly as ``retain`` is (claimed, retried, redelivered with
+    the same key). Raise to have the request retried. Forgetting what the sink
+    does not hold must succeed. A sink without ``forget`` keeps what it was
+    handed: deletes and clears stop at the engine's store.
+    """
+
+    async def forget(self, request: ForgetRequest) -> None: ...

@@ -41,6 +41,12 @@ deadline, is not counted or recorded as delivered; whoever claims the batch
 next sends it again, with the same key (what a process paused mid-request
 has already put on the wire can still land late: the key lets the sink
 drop it).
+
+A forget (a delete or clear of episodes already handed on, see
+store/outbox.py) is an outbox row like a batch, and goes out the same way,
+in its place among the session's batches, to the sink's ``forget``. A sink
+without ``forget`` is not called for it: the row is removed as delivered.
+A batch a delete left empty is removed the same way, without a call.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from ..config import SessionConfig
 from ..retrying import retry_delay
 from ..store.base import DueBatch, DueRetains, OutboxEntry, OutboxState, Store
 from ..telemetry import NO_TELEMETRY, Telemetry
-from .batch import RetainBatch, RetainSink
+from .batch import ForgetRequest, RetainBatch, RetainSink
 
 log = logging.getLogger("memengine.retain")
 
@@ -80,6 +86,16 @@ def _batch(entry: OutboxEntry) -> RetainBatch:
         episodes=entry.episodes,
         key=entry.key,
         mode=entry.mode,  # type: ignore[arg-type]
+    )
+
+
+def _forget_request(entry: OutboxEntry) -> ForgetRequest:
+    return ForgetRequest(
+        session_id=entry.session_id,
+        seqs=entry.forget_seqs,
+        through_seq=entry.last_seq,
+        kept=entry.episodes,
+        key=entry.key,
     )
 
 
@@ -150,6 +166,7 @@ class RetainDelivery:
         self._delivering: set[str] = set()
         self._calls: dict[int, _Call] = {}
         self._stopped = False
+        self._forgets = callable(getattr(sink, "forget", None))
         self.delivered = 0
         self.failures = 0
 
@@ -221,6 +238,17 @@ class RetainDelivery:
             return config.retain_backoff
         if isinstance(entry, str):
             return None  # gone (delivered, cleared, deleted), or another process holds it
+        if not self._has_a_call(entry):
+            recorded = await self._record(self._store.mark_retained(entry.id, entry.key))
+            return None if recorded else config.retain_backoff
+        if entry.mode == "forget" and entry.forget_seqs is not None:
+            try:
+                # What the sink keeps: read now, with every batch ahead of the forget handed on.
+                through, kept = await self._store.handed_on(entry.session_id)
+            except Exception:
+                log.exception("reading what a forget keeps failed; it is tried again later")
+                return config.retain_backoff
+            entry = attrs.evolve(entry, last_seq=through, episodes=kept)
         valid_until = self._claim_valid_until(asked_at)
         if anyio.current_time() >= valid_until:
             log.warning("a retain claim came back too late to be counted on; the batch is tried again later")
@@ -234,6 +262,21 @@ class RetainDelivery:
             recorded = await self._record(self._store.mark_retained(entry.id, entry.key))
             return None if recorded else config.retain_backoff
         return await self._failed(entry, outcome)
+
+    def _has_a_call(self, entry: OutboxEntry) -> bool:
+        """Whether the entry means a sink call: not for a forget the sink cannot take, nor a batch left empty."""
+        return self._forgets if entry.mode == "forget" else bool(entry.episodes)
+
+    async def _hand_on(self, entry: OutboxEntry) -> None:
+        if entry.mode == "forget":
+            with self._telemetry.operation("memengine.retain", "forget", entry.session_id) as traced:
+                traced.count(len(entry.forget_seqs or ()))
+                await self._sink.forget(_forget_request(entry))  # type: ignore[attr-defined]
+            return
+        with self._telemetry.operation("memengine.retain", "retain", entry.session_id) as traced:
+            traced.count(len(entry.episodes))
+            traced.content("gen_ai.memory.content", lambda: [[e.role, e.content] for e in entry.episodes])
+            await self._sink.retain(_batch(entry))
 
     def _claim_valid_until(self, asked_at: float) -> float:
         """Until when a claim asked for (or extended) at ``asked_at`` is counted on."""
@@ -257,10 +300,7 @@ class RetainDelivery:
         try:
             with call.scope:
                 with anyio.move_on_after(timeout):
-                    with self._telemetry.operation("memengine.retain", "retain", entry.session_id) as traced:
-                        traced.count(len(entry.episodes))
-                        traced.content("gen_ai.memory.content", lambda: [[e.role, e.content] for e in entry.episodes])
-                        await self._sink.retain(_batch(entry))
+                    await self._hand_on(entry)
                     if anyio.current_time() >= call.valid_until:
                         log.warning(
                             "the retain sink returned batch %r after this process's claim on it could have lapsed; "

@@ -9,6 +9,10 @@ item carries ``update_mode="append"``, so Hindsight adds the new turns to the
 session's document; in ``"replace"`` mode it carries the whole session and a
 plain retain under the same document id replaces the document.
 
+It implements ``forget`` too: a clear deletes the session's document, and a
+delete rewrites it from the episodes it keeps (one plain retain, which
+replaces the document), or deletes it if none are left.
+
 The client is built on aiohttp, which runs only on asyncio, and its
 connections belong to the event loop that opened them. So the sink gives the
 client an asyncio loop of its own, on a thread of its own, and works the same
@@ -34,7 +38,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from .._version import installed_version
 from ..episode import Episode
 from ..errors import MemEngineError
-from .batch import RetainBatch, RetainMode
+from .batch import ForgetRequest, RetainBatch, RetainMode
 
 __all__ = ["HindsightRetainError", "HindsightSink"]
 
@@ -154,6 +158,35 @@ class HindsightSink:
             # the request has finished this does nothing.
             future.cancel()
 
+    async def forget(self, request: ForgetRequest) -> None:
+        """Erase what a delete or clear removed from the session's document; return once Hindsight has done it.
+
+        A clear (``request.seqs is None``) deletes the document, with every
+        memory Hindsight extracted from it. A delete rewrites the document
+        from ``request.kept`` (a plain retain under the same document id,
+        which replaces it, carrying ``request.key``), or deletes it when
+        nothing is kept. A document already gone counts as deleted.
+
+        Errors and cancellation are as for :meth:`retain`: the engine retries
+        the request, with the same key, until it succeeds. With
+        ``retain_async``, a batch Hindsight has queued but not processed yet
+        is processed in Hindsight's own time, possibly after a deletion of
+        the document: erasure is in order only without ``retain_async``.
+        """
+        if request.seqs is None or not request.kept:
+            future = await anyio.to_thread.run_sync(
+                self._submit_call, self._delete, self.document_id(request.session_id)
+            )
+        else:
+            kept = request.kept
+            first = kept[0].seq if kept[0].seq is not None else 0
+            rewrite = RetainBatch(request.session_id, first, request.through_seq, kept, request.key, "replace")
+            future = await anyio.to_thread.run_sync(self._submit, self._arguments(rewrite))
+        try:
+            await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+        finally:
+            future.cancel()
+
     def _arguments(self, batch: RetainBatch) -> dict[str, Any]:
         """The keyword arguments of the client's ``aretain`` call for ``batch``."""
         episodes = batch.episodes
@@ -196,13 +229,26 @@ class HindsightSink:
         await self.aclose()
 
     def _submit(self, request: dict[str, Any]) -> Future[None]:
-        """Start ``request`` on the client's event loop, starting the loop first if needed (worker thread)."""
+        """Start the retain ``request`` on the client's event loop (worker thread)."""
+        return self._submit_call(self._send, request)
+
+    def _submit_call(self, call: Callable[[Any], Any], argument: Any) -> Future[None]:
+        """Start ``call(argument)`` on the client's event loop, starting the loop first if needed (worker thread)."""
         with self._state_lock:
             if self._closed:
                 raise anyio.ClosedResourceError("this HindsightSink is closed")
             if self._portal is None:
                 self._portal = self._portal_exit.enter_context(start_blocking_portal("asyncio"))
-            return self._portal.start_task_soon(self._send, request)
+            return self._portal.start_task_soon(call, argument)
+
+    async def _delete(self, document_id: str) -> None:
+        """Delete the document (runs on the client's event loop); one that is not there is deleted already."""
+        from hindsight_client_api.exceptions import NotFoundException
+
+        try:
+            await self.client.documents.delete_document(bank_id=self.bank_id, document_id=document_id)
+        except NotFoundException:
+            pass
 
     async def _send(self, request: dict[str, Any]) -> None:
         """Make the request (runs on the client's event loop)."""

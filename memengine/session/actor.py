@@ -426,11 +426,15 @@ class SessionActor:
         deleted, snapshot = await self._store.delete_episodes(self.session_id, self._lease.current(), message.seqs)
         if deleted:
             self._apply(snapshot)
+            if self._retain is not None:
+                self._retain.removed()
         self._answer(message, deleted)
 
     async def _on_clear(self, message: ClearSession) -> None:
         await self._settle_append()
         self._apply(await self._store.clear_session(self.session_id, self._lease.current()))
+        if self._retain is not None:
+            self._retain.removed()
         self._answer(message, None)
 
     async def _on_forget(self, message: ForgetSession) -> None:

@@ -60,6 +60,10 @@ class RetainFlush:
     def adopt(self, retained_through: int) -> None:
         self.retained_through = retained_through
 
+    def removed(self) -> None:
+        """A delete or clear committed: it may have recorded a forget for the delivery actor to send."""
+        self._plan.delivery.notify()
+
     def has_unretained(self) -> bool:
         return self._last_seq() > self.retained_through
 

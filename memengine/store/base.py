@@ -104,7 +104,12 @@ class RecallIndexDamaged(StoreError):
 
 @attrs.frozen
 class OutboxEntry:
-    """One undelivered retain batch, as recorded in the outbox."""
+    """One undelivered retain batch, or forget (``mode == "forget"``), as recorded in the outbox.
+
+    A forget's ``forget_seqs`` are the seqs to forget (``None``: the whole
+    session), ``last_seq`` how far the session had been handed on when it was
+    recorded, and ``episodes`` is empty (see :meth:`Store.handed_on`).
+    """
 
     id: int
     session_id: str
@@ -115,6 +120,7 @@ class OutboxEntry:
     episodes: tuple[Episode, ...]
     created_at: float
     attempts: int
+    forget_seqs: tuple[int, ...] | None = None
 
 
 @attrs.frozen
@@ -348,6 +354,12 @@ class Store(Protocol):
         The batch is due again ``retry_in`` seconds from now, or, if
         ``set_aside``, not until it is retried. Nothing changes if another
         process holds a live claim on it (this process's lapsed).
+        """
+
+    async def handed_on(self, session_id: str) -> tuple[int, tuple[Episode, ...]]:
+        """How far the session has been handed on to the sink, and its live episodes up to there (a read).
+
+        Read when a forget is sent: every batch ahead of the forget is included.
         """
 
     async def outbox_state(self) -> OutboxState:

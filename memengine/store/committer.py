@@ -887,6 +887,9 @@ class GroupCommitStore:
     ) -> None:
         await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, self.owner, error, retry_in, set_aside))
 
+    async def handed_on(self, session_id: str) -> tuple[int, tuple[Episode, ...]]:
+        return await self._read(lambda db: outbox.handed_on(db, session_id, journal.episode_from_row))
+
     async def outbox_state(self) -> OutboxState:
         return await self._read(outbox.state)
 

@@ -174,17 +174,23 @@ def delete_episodes(db: Db, session_id: str, token: int, seqs: Sequence[int]) ->
     ]
     if not existing:
         return 0, load(db, session_id)
-    # Before deleting: the seq floor must include the rows about to go.
+    # Before deleting: the seq floor must include the rows about to go. This locks the
+    # session's row, as a claim does before it marks a batch handed on.
     bump_generation(db, session_id)
+    handed_through = outbox.handed_through(db, session_id)
     for chunk in _chunks(existing):
         db.execute(
             f"DELETE FROM episodes WHERE session_id = ? AND seq IN ({placeholders(len(chunk))})", (session_id, *chunk)
         )
     # A summary through k covers every live episode up to k.
     db.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq >= ?", (session_id, min(existing)))
-    # Deleted means deleted: undelivered retain batches lose them too.
+    # Deleted means deleted: undelivered retain batches lose them too, and the sink
+    # forgets those it may hold, after the batches that carried them.
     outbox.revise_after_delete(db, session_id, existing)
     set_aside.drop_summary_mark(db, session_id)
+    handed = [seq for seq in existing if seq <= handed_through]
+    if handed:
+        outbox.record_forget(db, session_id, handed, handed_through)
     return len(existing), load(db, session_id)
 
 
@@ -195,10 +201,17 @@ def _chunks(seqs: Sequence[int]) -> list[Sequence[int]]:
 def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
     leases.require(db, session_id, token)
     bump_generation(db, session_id)
+    handed_through = outbox.handed_through(db, session_id)
+    # The sink forgets the session if it may hold a live episode of it.
+    handed = db.execute(
+        "SELECT 1 FROM episodes WHERE session_id = ? AND seq <= ? LIMIT 1", (session_id, handed_through)
+    ).fetchone()
     db.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
     db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
     outbox.drop_session(db, session_id)
     set_aside.drop_summary_mark(db, session_id)
+    if handed is not None:
+        outbox.record_forget(db, session_id, None, handed_through)
     return load(db, session_id)
 
 

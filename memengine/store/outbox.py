@@ -8,6 +8,16 @@ the sink accepted it. Where several processes share the store, a batch is
 sent only by the process holding its claim, and only while it is the
 oldest batch of its session (so each session's batches go out in order). A
 refused batch carries a retry time, before which no process picks it up.
+
+Forgets go through the same outbox, as rows of mode ``'forget'``. Claiming a
+retain batch moves the session's ``handed_through`` to the batch's last seq:
+from then on its episodes may be at the sink. A delete or clear of episodes
+up to ``handed_through`` records a forget of them in its own transaction,
+after every batch already recorded (so after the batch it cancels) and
+before every batch recorded later (which holds none of them). Undelivered
+batches lose the deleted episodes; one that was claimed keeps its place even
+when nothing is left in it, so that a forget never overtakes a batch still
+being sent: emptied, it is removed without a sink call once its turn comes.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from ..episode import Episode
-from ..retain.batch import RetainMode, retain_key
+from ..retain.batch import RetainMode, forget_key, retain_key
 from . import leases, unfinished
 from .base import DueBatch, DueRetains, OutboxEntry, OutboxState
 from .dialect import Db
@@ -130,9 +140,47 @@ def enqueue_all(
     return handled, (rows[-1][0] if len(rows) == limit else None)
 
 
+def handed_through(db: Db, session_id: str) -> int:
+    """The newest seq that may have reached the sink (of a batch claimed for sending at some point)."""
+    row = db.execute("SELECT handed_through FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def record_forget(db: Db, session_id: str, seqs: Sequence[int] | None, through_seq: int) -> None:
+    """Record a forget of ``seqs`` (``None``: the whole session), after every batch recorded so far.
+
+    Called in the transaction of the delete or clear, after it moved the
+    session's generation: its key names that generation. The row's
+    ``last_seq`` is ``through_seq``, how far the session was handed on at the
+    delete (the delivery reads how far it is when it sends the forget: see
+    :func:`handed_on`).
+    """
+    (generation,) = db.execute("SELECT generation FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    db.execute(
+        "INSERT INTO retain_outbox (session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts, "
+        "forget_seqs) VALUES (?, ?, ?, 'forget', ?, '[]', ?, 0, ?)",
+        (
+            session_id,
+            0 if seqs is None else min(seqs),
+            through_seq,
+            forget_key(session_id, generation),
+            time.time(),
+            None if seqs is None else json.dumps(sorted(seqs)),
+        ),
+    )
+
+
 def drop_session(db: Db, session_id: str) -> None:
-    """After a clear: nothing of the session may still be delivered."""
-    db.execute("DELETE FROM retain_outbox WHERE session_id = ?", (session_id,))
+    """After a clear: nothing of the session may still be delivered.
+
+    Batches never claimed go; a claimed one stays, emptied, so the clear's
+    forget cannot overtake it while it may still be in flight. Forgets stay.
+    """
+    through = handed_through(db, session_id)
+    db.execute(
+        "DELETE FROM retain_outbox WHERE session_id = ? AND mode <> 'forget' AND last_seq > ?", (session_id, through)
+    )
+    db.execute("UPDATE retain_outbox SET episodes = '[]' WHERE session_id = ? AND mode <> 'forget'", (session_id,))
     db.execute(
         "UPDATE sessions SET retained_through = {greatest}(retained_through, seq_floor) WHERE session_id = ?",
         (session_id,),
@@ -140,24 +188,30 @@ def drop_session(db: Db, session_id: str) -> None:
 
 
 def revise_after_delete(db: Db, session_id: str, deleted: Sequence[int]) -> None:
-    """Rewrite undelivered batches that held deleted episodes; drop those left empty."""
+    """Rewrite undelivered batches that held deleted episodes; drop those left empty, unless claimed once.
+
+    A batch claimed once (its last seq is handed on) may be in flight: it
+    keeps its place, emptied, ahead of the forget that follows it.
+    """
     first_deleted = min(deleted)
+    through = handed_through(db, session_id)
     for entry_id, first_seq, last_seq, mode, episodes in db.execute(
-        "SELECT id, first_seq, last_seq, mode, episodes FROM retain_outbox WHERE session_id = ? AND last_seq >= ?",
+        "SELECT id, first_seq, last_seq, mode, episodes FROM retain_outbox "
+        "WHERE session_id = ? AND last_seq >= ? AND mode <> 'forget'",
         (session_id, first_deleted),
     ).fetchall():
         held = {episode["seq"] for episode in json.loads(episodes)}
         if held.isdisjoint(deleted):
             continue
         rows = _live_episodes(db, session_id, first_seq - 1 if mode == "append" else 0, last_seq)
-        if rows:
+        if rows or last_seq <= through:
             db.execute("UPDATE retain_outbox SET episodes = ? WHERE id = ?", (_payload(rows), entry_id))
         else:
             db.execute("DELETE FROM retain_outbox WHERE id = ?", (entry_id,))
 
 
 def pending(db: Db, limit: int, episode_from_row: EpisodeFromRow) -> list[OutboxEntry]:
-    """Undelivered batches, oldest first (so each session's come in order)."""
+    """Undelivered batches and forgets, oldest first (so each session's come in order)."""
     return [
         _entry(row, episode_from_row)
         for row in db.execute(f"SELECT {_OUTBOX_COLUMNS} FROM retain_outbox ORDER BY id LIMIT ?", (limit,)).fetchall()
@@ -211,8 +265,15 @@ def claim(
     """Claim the batch for ``ttl`` seconds and return it as it stands now (a clear or delete may have revised it).
 
     Only the oldest batch of its session can be claimed, and only if no other
-    live process holds it and it is not set aside; claiming it again extends our own claim.
+    live process holds it and it is not set aside; claiming it again extends our own claim. A claimed
+    batch's episodes count as handed on from now (``handed_through``).
     """
+    # The session's row first, as a delete or clear locks it: then the outbox row.
+    db.execute(
+        "SELECT handed_through FROM sessions "
+        "WHERE session_id = (SELECT session_id FROM retain_outbox WHERE id = ? AND key = ?){for_update}",
+        (entry_id, key),
+    )
     row = db.execute(
         "UPDATE retain_outbox SET claimed_by = ?, claim_until = {now} + ? "
         "WHERE id = ? AND key = ? AND set_aside_at IS NULL "
@@ -222,21 +283,36 @@ def claim(
         (owner, ttl, entry_id, key, owner),
     ).fetchone()
     if row is not None:
-        return _entry(row, episode_from_row)
+        entry = _entry(row, episode_from_row)
+        if entry.mode != "forget":
+            db.execute(
+                "UPDATE sessions SET handed_through = {greatest}(handed_through, ?) WHERE session_id = ?",
+                (entry.last_seq, entry.session_id),
+            )
+        return entry
     exists = db.execute("SELECT 1 FROM retain_outbox WHERE id = ? AND key = ?", (entry_id, key)).fetchone()
     return "busy" if exists is not None else "gone"
 
 
-_OUTBOX_COLUMNS = "id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts"
+_OUTBOX_COLUMNS = "id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts, forget_seqs"
 
 
 def _entry(row: tuple, episode_from_row: EpisodeFromRow) -> OutboxEntry:
-    entry_id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts = row
+    entry_id, session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts, forget_seqs = row
+    if mode == "forget":
+        seqs = None if forget_seqs is None else tuple(json.loads(forget_seqs))
+        return OutboxEntry(entry_id, session_id, first_seq, last_seq, mode, key, (), created_at, attempts, seqs)
     decoded = tuple(
         episode_from_row((e["seq"], e["id"], e["role"], e["content"], e["created_at"], json.dumps(e["metadata"])))
         for e in json.loads(episodes)
     )
     return OutboxEntry(entry_id, session_id, first_seq, last_seq, mode, key, decoded, created_at, attempts)
+
+
+def handed_on(db: Db, session_id: str, episode_from_row: EpisodeFromRow) -> tuple[int, tuple[Episode, ...]]:
+    """How far the session has been handed on, and its live episodes up to there (what a sink holds of it)."""
+    through = handed_through(db, session_id)
+    return through, tuple(episode_from_row(row) for row in _live_episodes(db, session_id, 0, through))
 
 
 # Rows are addressed by id *and* key: an id freed by a clear can be reused by a

@@ -132,6 +132,16 @@ _SET_ASIDE = (
     "ALTER TABLE retain_outbox ADD COLUMN set_aside_at double precision",
 )
 
+_FORGETS = (
+    # How far the session's episodes may have reached the sink: the newest seq of a batch ever claimed
+    # for sending. A delete or clear of an episode up to here records a forget (store/outbox.py).
+    # Existing sessions count every recorded episode as handed on: a forget too many does no harm.
+    "ALTER TABLE sessions ADD COLUMN handed_through bigint NOT NULL DEFAULT 0",
+    "UPDATE sessions SET handed_through = retained_through",
+    # A forget's seqs (JSON list; NULL: the whole session), on rows whose mode is 'forget'.
+    "ALTER TABLE retain_outbox ADD COLUMN forget_seqs text",
+)
+
 MIGRATIONS: list[Migration] = [
     # Everything: there is no older code to keep working.
     Migration(_JOURNAL, additive=False, locks="nothing that exists (creates the tables)"),
@@ -171,6 +181,14 @@ MIGRATIONS: list[Migration] = [
     # Older code ignores the floor of new lease tokens (Engine.forget): a session newer code erased and older
     # code then takes starts its tokens at 1 again, which matters only to a process paused across the erasure.
     Migration((TOKEN_FLOOR_TABLE,), additive=True, locks="nothing that exists (creates a table)"),
+    # Older code would hand a forget to the sink as an empty retain batch, and keep no track of what was
+    # handed on.
+    Migration(
+        _FORGETS,
+        additive=False,
+        locks="sessions, ROW EXCLUSIVE on every row (one UPDATE of them all) and ACCESS EXCLUSIVE briefly; "
+        "retain_outbox, ACCESS EXCLUSIVE, briefly (a nullable column: no rewrite)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

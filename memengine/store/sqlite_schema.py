@@ -174,6 +174,16 @@ def _add_lease_token_floor(db: sqlite_utils.Database) -> None:
     db.execute(TOKEN_FLOOR_TABLE)
 
 
+def _add_forgets(db: sqlite_utils.Database) -> None:
+    # How far the session's episodes may have reached the sink: the newest seq of a batch ever claimed
+    # for sending. A delete or clear of an episode up to here records a forget (store/outbox.py).
+    # Existing sessions count every recorded episode as handed on: a forget too many does no harm.
+    db["sessions"].add_column("handed_through", int, not_null_default=0)  # type: ignore[union-attr]
+    db.execute("UPDATE sessions SET handed_through = retained_through")
+    # A forget's seqs (JSON list; NULL: the whole session), on rows whose mode is 'forget'.
+    db["retain_outbox"].add_column("forget_seqs", str)  # type: ignore[union-attr]
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _create_journal,
     _add_retain_and_recall,
@@ -184,6 +194,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _add_engine_owners,
     _add_set_aside,
     _add_lease_token_floor,
+    _add_forgets,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 #: For each migration, whether code from before it keeps working against the schema it leaves
@@ -193,7 +204,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 #: Older code ignores the set-aside marks: it retries set-aside work for ever, as it always did.
 #: Older code ignores the token floor: a session that newer code erased and older code then takes starts its
 #: tokens at 1 again, which matters only to a process paused with an old token across the erasure.
-ADDITIVE: list[bool] = [False, False, False, False, False, True, True, True, True]
+#: Older code would hand a forget to the sink as an empty retain batch, and keep no track of what was handed on.
+ADDITIVE: list[bool] = [False, False, False, False, False, True, True, True, True, False]
 
 _SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS memengine_schema"
