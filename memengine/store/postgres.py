@@ -61,6 +61,9 @@ class PostgresStore(GroupCommitStore):
         # On a connection of their own: never behind queued writes, nor a write waiting for a lock.
         return await self._renewals.renew(self.owner, held, ttl)
 
+    def _close_own_connections(self, wait: float) -> None:
+        self._renewals.close(wait)
+
     def _new_liveness(self) -> AdvisoryLiveness:
         return AdvisoryLiveness(self._new_connection)
 
@@ -102,8 +105,15 @@ class PostgresStore(GroupCommitStore):
 
     def _commit(self, batch: list[Any]) -> None:
         if self._conn.closed:
-            # The server went away (restart, failover): the batch gets a new connection.
-            self._conn = self._new_connection()
+            # The server went away (restart, failover, a silence past reply_timeout): the batch
+            # gets a new connection, or fails whole if there is none to be had.
+            try:
+                self._conn = self._new_connection()
+            except psycopg.Error as exc:
+                for submission in batch:
+                    submission.result = None
+                    submission.error = StoreError(f"could not reconnect to the database; nothing was stored: {exc}")
+                return
         super()._commit(batch)
 
     def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
@@ -175,9 +185,5 @@ async def open_postgres_store(
         except (psycopg.Error, StoreError) as exc:
             raise postgres_open_failed(given, exc, connecting=False) from driver_error(exc)
 
-    try:
-        async with store.serving(prepare):
-            yield store
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(store._renewals.close)
+    async with store.serving(prepare):
+        yield store
