@@ -14,20 +14,24 @@ schema are dropped.
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import anyio
 
 from ..config import SessionConfig
 from ..engine import open_engine
-from ..replay import RecordedEngine, ReplayReport, recorded_config, replay
+from ..replay import RecordedEngine, ReplayReport, read_log, recorded_config, replay
 from ..store.open import is_postgres_url
 from ..store.open_errors import redacted
 from . import exit_status
 from .failures import EXPECTED_FAILURES, STORE_FAILURES, first_failure
 from .failures import report as report_failure
+from .progress import Progress, add_option, stream_for
 from .store_file import foreign_url
 
 DESCRIPTION = (
@@ -57,15 +61,29 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
         help="replay with the default SessionConfig instead of the one recorded in LOG",
     )
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio", help="async library to run on")
+    add_option(parser)
     parser.set_defaults(run=run)
 
 
-async def replay_into(log: Path, db: str, config: SessionConfig) -> ReplayReport:
+async def replay_into(
+    log: Path, db: str, config: SessionConfig, progress: Callable[[str, str, int], Progress] | None = None
+) -> ReplayReport:
+    """Replay ``log`` into ``db``; ``progress(what, unit, total)`` makes the reporter of each phase, if given."""
+    progress = progress or (lambda what, unit, total: Progress(what, unit, None, total=total))
     async with open_engine(db, config=config, resume_pending_summaries=False) as engine:
-        report = await replay(log, engine)
-        for session_id in report.sessions:
+        messages = progress("memengine replay", "messages", _message_count(log))
+        report = await replay(log, engine, on_handled=messages.advance)
+        messages.finish()
+        summaries = progress("memengine replay: waiting for summaries", "sessions", len(report.sessions))
+        for waited, session_id in enumerate(report.sessions, 1):
             await engine.session(session_id).context(wait_for_summary=True)
+            summaries.advance(waited)
+        summaries.finish()
         return report
+
+
+def _message_count(log: Path) -> int:
+    return sum(1 for record in read_log(log) if record["type"] != "engine")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -95,7 +113,9 @@ def run(options: argparse.Namespace) -> int:
     report: ReplayReport | None = None
     failure: BaseException | None = None
     try:
-        report = anyio.run(replay_into, log, db, config, backend=options.backend)
+        stream = stream_for(options.progress)
+        reporter = functools.partial(_reporter, stream=stream)
+        report = anyio.run(replay_into, log, db, config, reporter, backend=options.backend)
     except* (*EXPECTED_FAILURES, ValueError) as group:
         failure = first_failure(group)
     except* BaseException:
@@ -115,6 +135,10 @@ def run(options: argparse.Namespace) -> int:
         return exit_status.FAILED
     print(f"every outcome matched the log; look at the result with: memengine inspect {redacted(db)}")
     return exit_status.OK
+
+
+def _reporter(what: str, unit: str, total: int, *, stream: TextIO | None) -> Progress:
+    return Progress(what, unit, stream, total=total)
 
 
 def _print_setup(recorded: RecordedEngine | None, default_config: bool) -> None:
