@@ -238,7 +238,7 @@ async def replay(
     """
     mismatches: list[str] = []
     sessions: dict[str, None] = {}
-    messages = (record for record in read_log(path) if record["type"] != "engine")
+    messages: Iterator[dict[str, Any]] = (record for record in read_log(path) if record["type"] != "engine")
     if on_handled is not None:
         messages = _counted(messages, on_handled)
     count = 0
