@@ -199,6 +199,9 @@ class GroupCommitStore:
         """Whether ``error`` is what an interrupt makes a statement raise."""
         return False
 
+    def _give_up(self, conn: Any) -> None:
+        """Make a thread still waiting on ``conn`` after an interrupt return soon (it is left behind). Any thread."""
+
     def _reader_connection(self) -> Any:
         """The read connection, reconnected if it was lost."""
         return self._reader
@@ -638,6 +641,7 @@ class GroupCommitStore:
             if left_behind:
                 # Its connection stays open (the thread may still use it); the thread closes it on return.
                 log.error("the store's worker thread did not return after an interrupt; leaving it behind")
+                self._give_up(self._conn)
             self._committer_scope.cancel()  # abandons the thread, if it is still running
             await self._committer_done.wait()
             return not left_behind
@@ -698,6 +702,7 @@ class GroupCommitStore:
                 self._reader_left_behind = True
             if not self._read_lock.acquire(blocking=False):
                 log.error("a read of the store did not return after an interrupt; leaving it behind")
+                self._give_up(self._reader)
                 return
         try:
             with contextlib.suppress(Exception):

@@ -201,6 +201,11 @@ class AdvisoryLiveness:
         self._released = True
         if not acquired and not self._lock.acquire(blocking=False):
             log.warning("a check of this engine's liveness lock did not return in time; leaving it behind")
+            given_up = getattr(
+                self._conn, "give_up", None
+            )  # a PostgreSQL connection ends its wait (postgres_replies.py)
+            if given_up is not None:
+                given_up()
             return
         try:
             self._close()

@@ -32,6 +32,7 @@ from .open_errors import driver_error, postgres_open_failed, redacted
 from .postgres_connection import connect, pinned_to_tables, shown, with_url_settings
 from .postgres_readonly import check_readable
 from .postgres_renewals import RenewalConnection
+from .postgres_replies import give_up
 from .postgres_schema import prepare_schema
 
 try:
@@ -95,6 +96,9 @@ class PostgresStore(GroupCommitStore):
 
     def _interrupted(self, error: BaseException) -> bool:
         return isinstance(error, psycopg.errors.QueryCanceled)
+
+    def _give_up(self, conn: Any) -> None:
+        give_up(conn)
 
     def _in_transaction(self) -> bool:
         status = self._conn.info.transaction_status

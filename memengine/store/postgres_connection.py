@@ -93,8 +93,9 @@ def connect(url: str) -> Any:
     from .postgres_replies import RepliesBoundedConnection
 
     conninfo, prepare_threshold = connection_arguments(url)
+    bound = reply_timeout(url, conninfo)  # before connecting: a bad value opens nothing
     conn = RepliesBoundedConnection.connect(conninfo, autocommit=True, prepare_threshold=prepare_threshold)
-    conn.reply_timeout = reply_timeout(url, conninfo)
+    conn.reply_timeout = bound
     return conn
 
 

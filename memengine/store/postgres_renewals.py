@@ -27,6 +27,7 @@ import anyio
 from ..errors import EngineClosedError, StoreError
 from . import leases
 from .dialect import Db, Dialect
+from .postgres_replies import give_up
 
 log = logging.getLogger("memengine.store")
 
@@ -90,6 +91,7 @@ class RenewalConnection:
             self._closed = True
         if not acquired and not self._lock.acquire(blocking=False):
             log.error("a lease renewal did not return in time; leaving it behind")
+            give_up(self._conn)
             return
         try:
             self._close_connection()
