@@ -23,7 +23,7 @@ from .retain.batch import RetainBatch, RetainSink
 from .retain.delivery import RetainMetrics
 from .session.handle import Session
 from .stats import EngineStats
-from .store.base import Recalled
+from .store.base import Recalled, SetAside
 from .summarizer.extractive import ExtractiveSummarizer
 from .summarizer.openai import OpenAISummarizer
 from .summarizer.protocol import Summarizer
@@ -57,6 +57,7 @@ __all__ = [
     "SessionBusyError",
     "SessionClosedError",
     "SessionConfig",
+    "SetAside",
     "StoreError",
     "Summarizer",
     "SummaryError",

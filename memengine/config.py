@@ -27,7 +27,7 @@ def _non_negative_seconds(instance: object, attribute: attrs.Attribute[Any], val
         _positive_seconds(instance, attribute, value)
 
 
-def _optional_positive_int(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+def _optional_positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         _positive_int(instance, attribute, value)
 
@@ -78,11 +78,22 @@ class SessionConfig:
     included: a larger backlog takes several calls, and an episode larger than
     the bound on its own reaches the summarizer cut, with a marker saying so
     (it stays stored whole); ``summarize_timeout``
-    bounds one call (a call that takes longer counts as a failed attempt). The ``retain_*``
+    bounds one call (a call that takes longer counts as a failed attempt).
+    After ``summarize_set_aside_after`` failed rounds in a row (a round is
+    ``summarize_attempts`` tries), the batch is *set aside*: recorded in the
+    store, no more automatic tries for the session (its episodes stay stored
+    and shown raw), and the session may passivate, until
+    :meth:`~memengine.Engine.retry_set_aside` (or ``memengine set-aside
+    retry``); ``None`` never sets aside. The ``retain_*``
     settings do the same for deliveries to the retain sink: ``retain_timeout``
     bounds one sink call (it is cancelled then, and the batch is retried), and a
     refused batch waits out its backoff, then ``retain_retry_later``, recorded in
     the store, so every process sharing it waits too; other sessions go on meanwhile.
+    After ``retain_set_aside_after`` failed rounds (of ``retain_attempts``
+    calls each) the batch is set aside: it stays in the outbox, with its
+    session's later batches behind it, and is not sent again until retried or
+    discarded (:meth:`~memengine.Engine.retry_set_aside`,
+    :meth:`~memengine.Engine.discard_set_aside`); ``None`` never sets aside.
     ``retain_claim_seconds`` is how long a process's claim on a batch lasts
     while it is alive but cut off from the store (the claim is extended every
     third of it while the sink call runs; a call whose claim could not be kept
@@ -120,6 +131,7 @@ class SessionConfig:
     summarize_timeout: float = attrs.field(default=120.0, validator=_positive_seconds)
     summarize_input_max_chars: int = attrs.field(default=1_000_000, validator=_positive_int)
     summarize_input_max_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    summarize_set_aside_after: int | None = attrs.field(default=5, validator=_optional_positive_int)
     max_content_chars: int = attrs.field(default=4_000_000, validator=_positive_int)
     max_metadata_bytes: int = attrs.field(default=16_384, validator=_positive_int)
     retain_attempts: int = attrs.field(default=5, validator=_positive_int)
@@ -128,6 +140,7 @@ class SessionConfig:
     retain_retry_later: float = attrs.field(default=60.0, validator=_positive_seconds)
     retain_timeout: float = attrs.field(default=60.0, validator=_positive_seconds)
     retain_claim_seconds: float = attrs.field(default=60.0, validator=_positive_seconds)
+    retain_set_aside_after: int | None = attrs.field(default=5, validator=_optional_positive_int)
     lease_ttl: float = attrs.field(default=10.0, validator=_positive_seconds)
     lease_wait: float = attrs.field(default=12.0, validator=_non_negative_seconds)
     mailbox_capacity: int = attrs.field(default=1000, validator=_positive_int)

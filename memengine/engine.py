@@ -15,6 +15,7 @@ import anyio
 import anyio.abc
 
 from .actor.mailbox import MailboxClosed
+from .actor.reply import Reply
 from .config import SessionConfig
 from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEngineError
 from .limits import MAX_OWNER_BYTES, MAX_RECALL_LIMIT, MAX_SESSION_ID_BYTES, require_int, require_text
@@ -23,10 +24,10 @@ from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
 from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
-from .session.messages import ClientMessage, HandOver, LeaseLost, Tick
+from .session.messages import ClientMessage, HandOver, LeaseLost, RetrySummary, Tick
 from .session.retain_flush import RetainPlan
 from .stats import EngineStats
-from .store.base import Recalled, Store
+from .store.base import Recalled, SetAside, SetAsideCounts, Store
 from .store.committer import INTERRUPT_SECONDS
 from .store.liveness import HEARTBEAT_SECONDS
 from .store.open import open_store
@@ -40,8 +41,10 @@ log = logging.getLogger("memengine")
 #: How often an engine looks for sessions another process waits for (store/handover.py).
 HAND_OVER_SECONDS = 0.25
 
-#: How often the outbox gauges' figures are read from the store (with opentelemetry installed and a retain sink).
+#: How often the outbox and set-aside gauges' figures are read from the store (with opentelemetry installed).
 OUTBOX_SAMPLE_SECONDS = 5.0
+#: Set-aside work listed (and retried together) at most.
+MAX_SET_ASIDE_LISTED = 10_000
 
 
 class Engine:
@@ -58,6 +61,7 @@ class Engine:
         self._services = services
         self._telemetry = services.telemetry
         self._outbox_sample: tuple[int, float | None] | None = None  # for the outbox gauges
+        self._set_aside_sample: SetAsideCounts | None = None  # for the set-aside gauges
         self._tasks = tasks
         self._delivery = delivery
         self._actors: dict[str, SessionActor] = {}
@@ -123,6 +127,7 @@ class Engine:
         checkpoint; if cancelled, nothing changes.
         """
         outbox = RetainMetrics.of(await self._services.store.outbox_state(), 0, 0)
+        set_aside = await self._services.store.set_aside_counts()
         depths = [actor.mailbox.depth for actor in self._actors.values()]
         return EngineStats(
             active_sessions=len(self._actors),
@@ -131,7 +136,75 @@ class Engine:
             episodes_waiting_for_summary=self._episodes_waiting_for_summary(),
             outbox_depth=outbox.outbox_depth,
             oldest_undelivered_age=outbox.oldest_undelivered_age,
+            summaries_set_aside=set_aside.summaries,
+            retains_set_aside=set_aside.retains,
         )
+
+    async def list_set_aside(self, session_id: str | None = None) -> list[SetAside]:
+        """Work set aside after too many failed rounds (of one session, or all), summaries first.
+
+        A read of the store (every process's work): a checkpoint; if cancelled, nothing changes.
+        """
+        if session_id is not None:
+            self.session(session_id)  # the same validation as a handle
+        return await self._services.store.list_set_aside(session_id, MAX_SET_ASIDE_LISTED)
+
+    async def retry_set_aside(self, session_id: str | None = None) -> int:
+        """Try set-aside work again (of one session, or all); return how many batches were set aside.
+
+        A set-aside summary batch is tried at once by the session, activated
+        here if it was not (its mark is lifted in the store first); its
+        counting of failed rounds starts afresh. A set-aside retain batch is
+        due at once again, with its attempts counted afresh. If cancelled,
+        the sessions already told try again; the rest stay set aside.
+        """
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        store = self._services.store
+        if session_id is not None:
+            self.session(session_id)  # the same validation as a handle
+            sessions = [session_id]
+        else:
+            listed = await store.list_set_aside(None, MAX_SET_ASIDE_LISTED)
+            sessions = [work.session_id for work in listed if work.kind == "summary"]
+        retried = 0
+        for one in sessions:
+            reply: Reply[bool] = Reply()
+            await self._send(one, RetrySummary(reply))
+            retried += await reply.wait()
+        retains = await store.retry_set_aside_retains(session_id)
+        if retains:
+            log.warning("%d set-aside retain batch%s tried again", retains, "" if retains == 1 else "es")
+            if self._delivery is not None:
+                self._delivery.notify()
+        return retried + retains
+
+    async def discard_set_aside(self, session_id: str | None = None) -> list[SetAside]:
+        """Drop set-aside retain batches (of one session, or all) from the outbox; return what was dropped.
+
+        The sink never gets them, and the session's later batches go out
+        next. Each is logged at WARNING. Summary batches cannot be discarded
+        (a summary must cover every live episode before it): retry them, or
+        delete their episodes (:meth:`Session.delete_episodes`, which lifts
+        the mark). A checkpoint; if cancelled, the batches may still be dropped.
+        """
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        if session_id is not None:
+            self.session(session_id)
+        dropped = await self._services.store.discard_set_aside_retains(session_id)
+        for work in dropped:
+            log.warning(
+                "discarded the set-aside retain batch of session %r seqs %d..%d (last error %s): "
+                "the sink never gets it",
+                work.session_id,
+                work.first_seq,
+                work.last_seq,
+                work.error,
+            )
+        if dropped and self._delivery is not None:
+            self._delivery.notify()
+        return dropped
 
     def _episodes_waiting_for_summary(self) -> int:
         return sum(actor.episodes_waiting_for_summary for actor in self._actors.values())
@@ -156,12 +229,20 @@ class Engine:
             figures["memengine.retain.outbox.depth"] = depth
             if oldest_age is not None:
                 figures["memengine.retain.outbox.oldest_age"] = oldest_age
+        if self._set_aside_sample is not None:
+            figures["memengine.summary.set_aside"] = self._set_aside_sample.summaries
+            figures["memengine.retain.set_aside"] = self._set_aside_sample.retains
         return figures
 
     async def _sample_outbox(self) -> None:
-        """Read the outbox figures for the gauges every :data:`OUTBOX_SAMPLE_SECONDS` (a gauge cannot await)."""
+        """Read the store's figures for the gauges every :data:`OUTBOX_SAMPLE_SECONDS` (a gauge cannot await).
+
+        The outbox's only with a retain sink (without one, nothing is added to it); the set-aside counts always.
+        """
         while True:
-            await self._sample_outbox_once()
+            if self._delivery is not None:
+                await self._sample_outbox_once()
+            await self._sample_set_aside_once()
             await anyio.sleep(OUTBOX_SAMPLE_SECONDS)
 
     async def _sample_outbox_once(self) -> None:
@@ -171,6 +252,12 @@ class Engine:
             log.warning("reading the outbox figures for the gauges failed (%s)", exc)
             return
         self._outbox_sample = (outbox.outbox_depth, outbox.oldest_undelivered_age)
+
+    async def _sample_set_aside_once(self) -> None:
+        try:
+            self._set_aside_sample = await self._services.store.set_aside_counts()
+        except Exception as exc:
+            log.warning("reading the set-aside counts for the gauges failed (%s)", exc)
 
     async def retain_metrics(self) -> RetainMetrics:
         """Outbox depth, age of the oldest undelivered batch, deliveries and failures so far."""
@@ -520,8 +607,7 @@ async def open_engine(
                             tasks.start_soon(engine._hand_over_wanted)
                             if telemetry.metering:
                                 telemetry.observe(engine)
-                                if delivery is not None:  # without a sink, nothing is added to the outbox
-                                    tasks.start_soon(engine._sample_outbox)
+                                tasks.start_soon(engine._sample_outbox)
                             try:
                                 yield engine
                             except BaseException as exc:

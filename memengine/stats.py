@@ -15,7 +15,11 @@ class EngineStats:
     ``episodes_waiting_for_summary`` counts, over active sessions, the evicted
     episodes no stored summary covers yet. The outbox figures are the store's
     (every process on it): batches not yet delivered to the retain sink, and
-    the age in seconds of the oldest (None when empty).
+    the age in seconds of the oldest (None when empty). ``summaries_set_aside``
+    and ``retains_set_aside`` are the store's too: summary batches (one per
+    session at most) and retain batches set aside after too many failed rounds,
+    waiting for :meth:`Engine.retry_set_aside` (set-aside retain batches count in
+    ``outbox_depth`` as well).
     """
 
     active_sessions: int
@@ -24,3 +28,5 @@ class EngineStats:
     episodes_waiting_for_summary: int
     outbox_depth: int
     oldest_undelivered_age: float | None
+    summaries_set_aside: int = 0
+    retains_set_aside: int = 0

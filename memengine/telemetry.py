@@ -218,6 +218,13 @@ GAUGES: tuple[tuple[str, str, str, Callable[[list[float]], float]], ...] = (
     # Per store, not per process: engines of one process normally share a store, so the largest.
     ("memengine.retain.outbox.depth", "{batch}", "Retain batches not yet delivered (sampled every 5 s)", max),
     ("memengine.retain.outbox.oldest_age", "s", "Age of the oldest undelivered retain batch", max),
+    (
+        "memengine.summary.set_aside",
+        "{batch}",
+        "Summary batches set aside after too many failed rounds (sampled every 5 s)",
+        max,
+    ),
+    ("memengine.retain.set_aside", "{batch}", "Retain batches set aside after too many failed rounds", max),
 )
 
 

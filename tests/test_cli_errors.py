@@ -254,7 +254,8 @@ def test_inspect_json_lists_the_sessions(long_store: Path) -> None:
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
-        "sessions": [{"session_id": "s", "generation": 0, "episodes": 1, "summarized_through": 0, "last_seq": 1}]
+        "sessions": [{"session_id": "s", "generation": 0, "episodes": 1, "summarized_through": 0, "last_seq": 1}],
+        "set_aside": [],
     }
 
 

@@ -52,7 +52,8 @@ pytestmark = pytest.mark.anyio
 GUARD = 10  # seconds: no test waits this long unless the engine hangs
 STALL_LIMIT = 30  # seconds a stalled statement waits for release before giving up on the test
 
-# Retries in milliseconds, so a fault that clears is noticed at once.
+# Retries in milliseconds, so a fault that clears is noticed at once; faults here clear by themselves,
+# so work is never set aside (test_set_aside.py and test_set_aside_retain.py cover that).
 FAST = {
     "summarize_attempts": 1,
     "summarize_backoff": 0.001,
@@ -63,6 +64,8 @@ FAST = {
     "retain_backoff_max": 0.001,
     "retain_retry_later": 0.01,
     "passivate_after": None,
+    "summarize_set_aside_after": None,
+    "retain_set_aside_after": None,
 }
 
 

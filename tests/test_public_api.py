@@ -32,6 +32,7 @@ def test_exports_are_deliberate() -> None:
         "SessionBusyError",
         "SessionClosedError",
         "SessionConfig",
+        "SetAside",
         "StoreError",
         "Summarizer",
         "SummaryError",

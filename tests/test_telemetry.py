@@ -240,6 +240,49 @@ async def test_stats_show_the_outbox_behind_a_stuck_sink(db_path, telemetry) -> 
         assert telemetry.gauge("memengine.retain.outbox.depth") == 2
 
 
+class RefusingSummarizer:
+    async def summarize(self, previous, episodes):
+        raise RuntimeError("refused")
+
+
+class RefusingSink:
+    mode = "append"
+
+    async def retain(self, batch) -> None:
+        raise ConnectionError("refused")
+
+
+async def test_stats_and_gauges_count_the_work_set_aside(db_path, telemetry) -> None:
+    config = SessionConfig(
+        max_episodes=2,
+        evict_to=1.0,
+        retain_every=1,
+        summarize_attempts=1,
+        summarize_retry_later=0.001,
+        summarize_set_aside_after=1,
+        retain_attempts=1,
+        retain_backoff=0.001,
+        retain_retry_later=0.001,
+        retain_set_aside_after=1,
+    )
+    async with open_engine(
+        db_path,
+        summarizer=RefusingSummarizer(),
+        retain_sink=RefusingSink(),
+        config=config,
+        retain_grace=0,
+        **telemetry.providers(),
+    ) as engine:
+        await engine.session("s").add(turns(3))
+        with anyio.fail_after(10):
+            while (stats := await engine.stats()).retains_set_aside < 1 or stats.summaries_set_aside < 1:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        assert (stats.summaries_set_aside, stats.retains_set_aside) == (1, 1)
+        await engine._sample_set_aside_once()  # the gauges read a sample taken every few seconds: take one now
+        assert telemetry.gauge("memengine.summary.set_aside") == 1
+        assert telemetry.gauge("memengine.retain.set_aside") == 1
+
+
 async def test_memengine_works_without_opentelemetry(db_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry", None)  # `import opentelemetry` now fails
     async with open_engine(db_path, capture_content=True) as engine:

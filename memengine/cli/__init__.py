@@ -1,4 +1,4 @@
-"""The ``memengine`` command line: ``memengine demo``, ``inspect``, ``replay``, ``reindex`` and ``migrate``.
+"""The ``memengine`` command line: ``demo``, ``inspect``, ``replay``, ``reindex``, ``migrate`` and ``set-aside``.
 
 Each subcommand lives in its own module, which adds its parser and the
 function that runs it; this module only builds the top-level parser and
@@ -12,7 +12,7 @@ import os
 import sys
 
 from .._version import installed_version
-from . import demo, exit_status, inspect, migrate, reindex, replay
+from . import demo, exit_status, inspect, migrate, reindex, replay, set_aside
 from .output import reader_may_leave
 
 __all__ = ["build_parser", "main"]
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_parser(subcommands)
     reindex.add_parser(subcommands)
     migrate.add_parser(subcommands)
+    set_aside.add_parser(subcommands)
     return parser
 
 

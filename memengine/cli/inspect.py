@@ -5,8 +5,9 @@ latest summary and the raw episodes after it. The store is opened read-only
 (SQLite ``mode=ro``; PostgreSQL read-only sessions) and read through
 ``load_session`` and ``list_sessions`` only: no session is activated, no
 summary is computed, no file or table is created, so looking never changes
-what is stored. ``--full`` prints every line whole; ``--json`` prints one
-JSON document instead (inspect_json.py).
+what is stored. Work set aside after too many failed rounds is shown after
+the list (or the session). ``--full`` prints every line whole; ``--json``
+prints one JSON document instead (inspect_json.py).
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from pathlib import Path
 import anyio
 import attrs
 
-from ..store.base import SessionRow, SessionSnapshot
+from ..store.base import SessionRow, SessionSnapshot, SetAside
 from ..store.open import open_store
 from ..store.open_errors import redacted
 from . import exit_status
 from .arguments import positive_int
 from .failures import EXPECTED_FAILURES, first_failure, report
 from .inspect_json import session_document, sessions_document
-from .render import LINE_WIDTH, episode_lines, indented, one_line, summary_lines
+from .render import LINE_WIDTH, episode_lines, indented, one_line, set_aside_lines, summary_lines
 
 DESCRIPTION = (
     "Show what a memengine store (a SQLite file or a postgresql:// URL) holds. Without SESSION, list every "
@@ -40,6 +41,7 @@ class Findings:
 
     sessions: list[SessionRow]
     snapshot: SessionSnapshot | None
+    set_aside: list[SetAside]
 
 
 def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,17 +80,19 @@ def run(options: argparse.Namespace) -> int:
     shown = redacted(db)
     if options.session is None:
         if options.json:
-            _print_json(sessions_document(findings.sessions[: options.limit]))
+            _print_json(sessions_document(findings.sessions[: options.limit], findings.set_aside))
         else:
             _print_sessions(shown, findings.sessions, options.limit)
+            _print_set_aside(findings.set_aside, None if options.full else LINE_WIDTH)
         return exit_status.OK
     row = next((row for row in findings.sessions if row.session_id == options.session), None)
     if row is None or findings.snapshot is None:
         return report("inspect", LookupError(f"session {options.session!r} has no stored episodes in {shown}"))
     if options.json:
-        _print_json(session_document(row, findings.snapshot, options.limit))
+        _print_json(session_document(row, findings.snapshot, options.limit, findings.set_aside))
     else:
         _print_session(shown, row, findings.snapshot, options.limit, None if options.full else LINE_WIDTH)
+        _print_set_aside(findings.set_aside, None if options.full else LINE_WIDTH)
     return exit_status.OK
 
 
@@ -97,7 +101,8 @@ async def read_store(db: str | Path, session_id: str | None) -> Findings:
     async with open_store(db, read_only=True) as store:
         sessions = await store.list_sessions()
         snapshot = await store.load_session(session_id) if session_id is not None else None
-    return Findings(sessions, snapshot)
+        set_aside = await store.list_set_aside(session_id)
+    return Findings(sessions, snapshot, set_aside)
 
 
 def _print_json(document: object) -> None:
@@ -125,6 +130,12 @@ def _print_sessions(db: str, sessions: list[SessionRow], limit: int | None) -> N
             *(f"{value:>{width}}" for value, width in zip(row[1:], widths[1:], strict=True)),
         ]
         print("  ".join(cells))
+
+
+def _print_set_aside(set_aside: list[SetAside], width: int | None) -> None:
+    if set_aside:
+        print(f"set aside after too many failed rounds ({len(set_aside)}; `memengine set-aside --help`):")
+        print("\n".join(indented(set_aside_lines(set_aside, width))))
 
 
 def _print_session(db: str, row: SessionRow, snapshot: SessionSnapshot, limit: int | None, width: int | None) -> None:

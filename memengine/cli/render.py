@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 
 from ..context import Context
 from ..episode import Episode
+from ..store.base import SetAside
 
 LINE_WIDTH = 100
 INDENT = "    "
@@ -69,3 +71,18 @@ def context_lines(context: Context) -> list[str]:
         f"raw episodes after the summary ({len(context.episodes)}, of which {pending} wait for a summary):",
         *indented(episode_lines(context.episodes)),
     ]
+
+
+def set_aside_lines(set_aside: Sequence[SetAside], width: int | None = LINE_WIDTH) -> list[str]:
+    """Two lines per piece of set-aside work: what, whose, since when, and its last error."""
+    lines = []
+    for work in set_aside:
+        since = datetime.fromtimestamp(work.set_aside_at, UTC).isoformat(timespec="seconds")
+        what = "summary of episodes" if work.kind == "summary" else "retain batch of seqs"
+        session = one_line(repr(work.session_id)[1:-1], 40)
+        attempts = f"{work.attempts} failed attempt{'s' if work.attempts != 1 else ''}"
+        lines.append(
+            f"{work.kind:<7}  session {session}: {what} {work.first_seq}..{work.last_seq}, {attempts}, since {since}"
+        )
+        lines.append(f"{'':<7}  last error: {one_line(work.error, width)}")
+    return lines

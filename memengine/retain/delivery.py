@@ -15,7 +15,10 @@ goes to the next due session. A sink call lasts at most ``retain_timeout``.
 A refused batch (a timeout counts as a refusal) gets a retry time in the
 outbox, which every process honours, and its session drops out of selection
 until then: within a round of ``retain_attempts`` calls the wait grows
-exponentially with jitter, after a round it is ``retain_retry_later``.
+exponentially with jitter, after a round it is ``retain_retry_later``. After
+``retain_set_aside_after`` rounds the batch is set aside (store/set_aside.py):
+kept in the outbox, never selected, and its session's later batches wait
+behind it, until it is retried or discarded.
 
 The actor wakes when a batch is recorded (``notify``), when a session's turn
 ends, at the earliest retry time or lapse of another process's claim it saw,
@@ -285,8 +288,12 @@ class RetainDelivery:
         finally:
             del self._calls[entry.id]
 
-    async def _failed(self, entry: OutboxEntry, error: Exception) -> float:
-        """Count and log a refused call, and record it with the batch's retry time; return that delay."""
+    async def _failed(self, entry: OutboxEntry, error: Exception) -> float | None:
+        """Count and log a refused call, and record it with the batch's retry time; return that delay.
+
+        After ``retain_set_aside_after`` failed rounds the batch is set aside instead (None: its
+        session is done with until a retry; its later batches wait behind it in the outbox).
+        """
         config = self._config
         self.failures += 1
         attempt = entry.attempts + 1
@@ -294,16 +301,31 @@ class RetainDelivery:
             attempt, config.retain_attempts, config.retain_backoff, config.retain_backoff_max, config.retain_retry_later
         )
         end_of_round = attempt % config.retain_attempts == 0
-        log.log(
-            logging.ERROR if end_of_round else logging.WARNING,
-            "retain of session %r seqs %d..%d failed (attempt %d): %r; it stays in the outbox, retried in %.2fs",
-            entry.session_id,
-            entry.first_seq,
-            entry.last_seq,
-            attempt,
-            error,
-            retry_in,
-        )
+        limit = config.retain_set_aside_after
+        set_aside = end_of_round and limit is not None and attempt >= limit * config.retain_attempts
+        if set_aside:
+            log.error(
+                "retain of session %r seqs %d..%d failed in %d round(s) in a row (%d attempts; last error %r); "
+                "set aside: it stays in the outbox with the session's later batches behind it, and is not sent "
+                "again until engine.retry_set_aside() or `memengine set-aside retry` (or dropped by discard)",
+                entry.session_id,
+                entry.first_seq,
+                entry.last_seq,
+                attempt // config.retain_attempts,
+                attempt,
+                error,
+            )
+        else:
+            log.log(
+                logging.ERROR if end_of_round else logging.WARNING,
+                "retain of session %r seqs %d..%d failed (attempt %d): %r; it stays in the outbox, retried in %.2fs",
+                entry.session_id,
+                entry.first_seq,
+                entry.last_seq,
+                attempt,
+                error,
+                retry_in,
+            )
         log.debug(
             "the retain sink's traceback (session %r seqs %d..%d)",
             entry.session_id,
@@ -311,8 +333,10 @@ class RetainDelivery:
             entry.last_seq,
             exc_info=error,
         )
-        await self._record(self._store.mark_retain_failed(entry.id, entry.key, repr(error), retry_in))
-        return retry_in
+        recorded = await self._record(
+            self._store.mark_retain_failed(entry.id, entry.key, repr(error), retry_in, set_aside=set_aside)
+        )
+        return None if set_aside and recorded else retry_in
 
     async def _keep_claims(self) -> None:
         """Every third of ``retain_claim_seconds``, extend the claim of every batch whose sink call is in flight.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -39,7 +40,7 @@ from ..errors import (
     UncertainCommitError,
 )
 from ..replay import MessageRecorder
-from ..store.base import AppendResult, SessionSnapshot, Store
+from ..store.base import AppendResult, SessionSnapshot, SetAside, Store
 from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry
@@ -54,6 +55,7 @@ from .messages import (
     HandOver,
     LeaseLost,
     ReadContext,
+    RetrySummary,
     SessionMessage,
     SummaryFailed,
     SummaryStored,
@@ -303,10 +305,12 @@ class SessionActor:
                 self._on_summary_stored(message)
                 return
             case SummaryFailed():
-                self._on_summary_failed(message)
+                await self._on_summary_failed(message)
                 return
             case Tick():
                 self._on_tick(message)
+                if self._summary.set_aside is not None:
+                    await self._recheck_set_aside()
                 return
             case HandOver():
                 self._idle_expired = True  # passivates once nothing is in flight (_may_passivate)
@@ -329,6 +333,8 @@ class SessionActor:
                     await self._on_clear(message)
                 case CloseSession():
                     await self._on_close(message)
+                case RetrySummary():
+                    await self._on_retry_summary(message)
                 case _:
                     _unhandled(message)
         except _HandOn:
@@ -405,7 +411,9 @@ class SessionActor:
         await self._settle_append()
         await self._lease.ensure_valid()  # memory may be stale if another process took the session over
         evicted_through = self._window.evicted_through
-        if message.wait_for_summary and evicted_through is not None:
+        if message.wait_for_summary and evicted_through is not None and self._summary.set_aside is not None:
+            self._fail(message, self._set_aside_error(self._summary.set_aside))  # nothing to wait for
+        elif message.wait_for_summary and evicted_through is not None:
             self._waiting.add(message, evicted_through)
         else:
             self._answer(message, self._context())
@@ -446,7 +454,7 @@ class SessionActor:
             self._answer_waiting_reads()
         self._dispatch_summary()
 
-    def _on_summary_failed(self, message: SummaryFailed) -> None:
+    async def _on_summary_failed(self, message: SummaryFailed) -> None:
         if _means_reload(message.error):
             self._give_up(message.error)
             return
@@ -458,12 +466,88 @@ class SessionActor:
         else:
             attempts = f"{message.attempts} attempt{'s' if message.attempts != 1 else ''}"
             what = f"summarizing the episodes up to seq {message.through_seq} failed after {attempts}"
-        error = SummaryError(
-            f"session {self.session_id!r}: {what} ({_one_line(message.error)}); they stay pending, shown raw, "
-            f"and are tried again in {self._config.summarize_retry_later:g} s"
-        )
+        if self._summary.rounds_exhausted and await self._set_summary_aside(message):
+            error = self._set_aside_error(self._summary.set_aside)  # type: ignore[arg-type]
+        else:
+            error = SummaryError(
+                f"session {self.session_id!r}: {what} ({_one_line(message.error)}); they stay pending, shown raw, "
+                f"and are tried again in {self._config.summarize_retry_later:g} s"
+            )
         for read in self._waiting.take_all():
             self._fail(read, error)
+
+    async def _set_summary_aside(self, message: SummaryFailed) -> bool:
+        """Record the batch as set aside in the store, then here; True once it is (log at ERROR, once)."""
+        summary = self._summary
+        try:
+            recorded = await self._store.set_summary_aside(
+                self.session_id,
+                self._lease.current(),
+                summary.generation,
+                message.through_seq,
+                summary.failed_attempts,
+                _one_line(message.error),
+            )
+        except Exception as exc:
+            if _means_reload(exc):
+                self._give_up(exc)
+            else:
+                log.error("session %r: recording its set-aside summary batch failed (%s)", self.session_id, exc)
+            return False  # tried again next round, as before
+        if not recorded:
+            return False
+        first = summary.through + 1
+        summary.put_aside(
+            SetAside(
+                "summary",
+                self.session_id,
+                first,
+                message.through_seq,
+                summary.failed_attempts,
+                _one_line(message.error),
+                time.time(),
+            )
+        )
+        log.error(
+            "session %r: summarizing episodes %d..%d failed in %d round(s) in a row (%d attempts; last error %s); "
+            "set aside: they stay stored and shown raw, and nothing more is summarized for this session until "
+            "engine.retry_set_aside() or `memengine set-aside retry`",
+            self.session_id,
+            first,
+            message.through_seq,
+            summary.failed_rounds,
+            summary.failed_attempts,
+            _one_line(message.error),
+        )
+        return True
+
+    def _set_aside_error(self, record: SetAside) -> SummaryError:
+        return SummaryError(
+            f"session {self.session_id!r}: the summary of episodes {record.first_seq}..{record.last_seq} is set aside "
+            f"after {record.attempts} failed attempts (last error: {record.error}); they stay shown raw, and nothing "
+            "is summarized for this session until engine.retry_set_aside() or `memengine set-aside retry`"
+        )
+
+    async def _recheck_set_aside(self) -> None:
+        """At an idle tick: whether the store still holds the mark (``memengine set-aside retry`` lifts it there)."""
+        try:
+            current = await self._store.summary_set_aside(self.session_id)
+        except Exception as exc:
+            log.debug("session %r: reading its set-aside mark failed (%s)", self.session_id, exc)
+            return
+        if current is None and self._summary.set_aside is not None:
+            log.warning("session %r: its set-aside summary batch was lifted in the store; tried again", self.session_id)
+            self._summary.retry_now()
+            self._dispatch_summary()
+
+    async def _on_retry_summary(self, message: RetrySummary) -> None:
+        await self._settle_append()
+        lifted = await self._store.lift_summary_set_aside(self.session_id, self._lease.current())
+        was_set_aside = self._summary.retry_now()
+        if lifted or was_set_aside:
+            log.warning("session %r: its set-aside summary batch is tried again", self.session_id)
+        self._dispatch_summary()
+        message.reply.set(lifted or was_set_aside)  # an operator's call: not recorded (see RetrySummary)
 
     # -- state ---------------------------------------------------------------
 
@@ -529,7 +613,7 @@ class SessionActor:
 
     def _fail(self, message: ClientMessage, error: BaseException) -> None:
         message.reply.fail(error)
-        if self._recorder is not None:
+        if self._recorder is not None and not isinstance(message, RetrySummary):
             self._recorder.record(self.session_id, message, None, error)
 
     def _context(self) -> Context:

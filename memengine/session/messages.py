@@ -44,6 +44,16 @@ class CloseSession:
 
 
 @attrs.frozen(eq=False)
+class RetrySummary:
+    """Lift the session's set-aside summary batch (if any) and summarize at once; the reply says if one was set aside.
+
+    An operator's call (:meth:`~memengine.Engine.retry_set_aside`), not part of the conversation: not recorded.
+    """
+
+    reply: Reply[bool]
+
+
+@attrs.frozen(eq=False)
 class SummaryStored:
     """The child stored (or, if ``stored`` is false, was refused) a summary."""
 
@@ -82,5 +92,5 @@ class LeaseLost:
     error: BaseException
 
 
-ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | CloseSession
+ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | CloseSession | RetrySummary
 SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick | HandOver | LeaseLost

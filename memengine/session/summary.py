@@ -10,15 +10,20 @@ a marker saying so; the store keeps it whole.
 They stay visible raw until the child acknowledges a *stored* summary. The
 generation (changed by clear and delete) fences off work computed before it:
 the store refuses such a summary, and its acknowledgement is ignored here.
-After the child gave up on a batch, it is tried again
-``summarize_retry_later`` seconds later.
+After the child gave up on a batch (a failed round), it is tried again
+``summarize_retry_later`` seconds later. After ``summarize_set_aside_after``
+failed rounds in a row the batch is set aside (recorded in the store by the
+session, see store/set_aside.py): nothing more is summarized for the session,
+since summaries cover the episodes in order, until a retry lifts the mark.
+Its episodes, and those evicted after them, stay stored and shown raw.
 """
 
 from __future__ import annotations
 
 from ..config import SessionConfig
 from ..episode import Episode, stored_episode
-from ..store.base import SessionSnapshot
+from ..errors import StoreError
+from ..store.base import SessionSnapshot, SetAside
 from ..summarizer.actor import SummarizeBatch, SummarizerActor
 from ..tokens import Tokenizer
 from .messages import SummaryFailed, SummaryStored
@@ -40,11 +45,35 @@ class SessionSummary:
         self._in_flight = False
         #: When a batch the child gave up on is tried again (this process's clock), if one is.
         self.retry_at: float | None = None
+        #: The batch set aside after too many failed rounds, if one is: nothing is dispatched meanwhile.
+        self.set_aside: SetAside | None = None
+        #: Failed rounds in a row (and the summarizer calls they made) since the last stored summary.
+        self.failed_rounds = 0
+        self.failed_attempts = 0
 
     @property
     def busy(self) -> bool:
-        """A summary is being computed or waits to be tried again."""
+        """A summary is being computed or waits to be tried again (a batch set aside waits for nothing)."""
         return self._in_flight or self.retry_at is not None
+
+    @property
+    def rounds_exhausted(self) -> bool:
+        """Whether the batch just given up on has failed ``summarize_set_aside_after`` rounds in a row."""
+        limit = self._config.summarize_set_aside_after
+        return limit is not None and self.failed_rounds >= limit
+
+    def put_aside(self, record: SetAside) -> None:
+        """The batch given up on is set aside (recorded in the store): no more tries until :meth:`retry_now`."""
+        self.set_aside = record
+        self.retry_at = None
+
+    def retry_now(self) -> bool:
+        """Lift a set-aside batch (or a wait for the next round): try at once. True if one was set aside."""
+        was_set_aside = self.set_aside is not None
+        self.set_aside = None
+        self.retry_at = None
+        self.failed_rounds = self.failed_attempts = 0
+        return was_set_aside
 
     def adopt(self, snapshot: SessionSnapshot) -> None:
         """The store's view, after activation, clear or delete: nothing in flight counts any more."""
@@ -55,10 +84,12 @@ class SessionSummary:
         self.through = snapshot.summarized_through
         self._in_flight = False
         self.retry_at = None
+        self.set_aside = snapshot.summary_set_aside
+        self.failed_rounds = self.failed_attempts = 0
 
     def dispatch(self, window: RawWindow, token: int) -> None:
         """Hand the oldest pending episodes to the child, unless a batch is already in flight or waiting."""
-        if not window.evicted or self.busy:
+        if not window.evicted or self.busy or self.set_aside is not None:
             return
         config = self._config
         max_chars = max(config.summarize_input_max_chars - len(self.text or ""), 1)
@@ -87,6 +118,7 @@ class SessionSummary:
             self.retry_at = now + self._config.summarize_retry_later
             return False
         window.drop_through(message.through_seq)
+        self.failed_rounds = self.failed_attempts = 0
         self.text = message.summary
         self.tokens = self._count(message.summary)
         self.through = message.through_seq
@@ -98,6 +130,9 @@ class SessionSummary:
             return False
         self._in_flight = False
         self.retry_at = now + self._config.summarize_retry_later
+        if not isinstance(message.error, StoreError):  # the store failing is no fault of the batch
+            self.failed_rounds += 1
+            self.failed_attempts += message.attempts
         return True
 
     def retry_due(self, now: float) -> bool:

@@ -50,6 +50,36 @@ class SessionSnapshot:
     retained_through: int = 0
     #: The newest seq evicted from the raw window (see session/window.py); 0 when none.
     evicted_through: int = 0
+    #: Set when the session's summary batch is set aside (store/set_aside.py): nothing is summarized until a retry.
+    summary_set_aside: SetAside | None = None
+
+
+@attrs.frozen
+class SetAside:
+    """Work given up on after too many failed rounds, until retried (or, for a retain batch, discarded).
+
+    ``kind`` is ``"summary"`` (the session's episodes ``first_seq..last_seq``
+    waiting for a summary when it was set aside; they stay stored and shown
+    raw) or ``"retain"`` (an outbox batch, kept in the outbox). ``attempts``
+    counts the failed tries (summarizer calls, or sink calls), ``error`` is
+    the last one's, ``set_aside_at`` is in unix seconds.
+    """
+
+    kind: Literal["summary", "retain"]
+    session_id: str
+    first_seq: int
+    last_seq: int
+    attempts: int
+    error: str
+    set_aside_at: float
+
+
+@attrs.frozen
+class SetAsideCounts:
+    """How many summary batches (one per session at most) and retain batches are set aside in a store."""
+
+    summaries: int
+    retains: int
 
 
 @attrs.frozen
@@ -273,15 +303,44 @@ class Store(Protocol):
     async def mark_retained(self, entry_id: int, key: str) -> None:
         """The sink accepted the batch: remove it from the outbox (whoever holds its claim)."""
 
-    async def mark_retain_failed(self, entry_id: int, key: str, error: str, retry_in: float = 0.0) -> None:
+    async def mark_retain_failed(
+        self, entry_id: int, key: str, error: str, retry_in: float = 0.0, *, set_aside: bool = False
+    ) -> None:
         """The sink refused the batch: count the attempt, keep the batch, let this process's claim go.
 
-        The batch is due again ``retry_in`` seconds from now. Nothing changes
-        if another process holds a live claim on it (this process's lapsed).
+        The batch is due again ``retry_in`` seconds from now, or, if
+        ``set_aside``, not until it is retried. Nothing changes if another
+        process holds a live claim on it (this process's lapsed).
         """
 
     async def outbox_state(self) -> OutboxState:
         """How many batches wait, and since when."""
+
+    async def set_summary_aside(
+        self, session_id: str, token: int, generation: int, through_seq: int, attempts: int, error: str
+    ) -> bool:
+        """Record that the session's summary batch up to ``through_seq`` is set aside (see store/set_aside.py).
+
+        Returns ``False``, writing nothing, when ``generation`` is no longer the session's.
+        """
+
+    async def lift_summary_set_aside(self, session_id: str, token: int | None) -> bool:
+        """Remove the session's summary mark (under its lease if ``token``); True if a current one was removed."""
+
+    async def summary_set_aside(self, session_id: str) -> SetAside | None:
+        """The session's summary batch if it is set aside (a read; no lease)."""
+
+    async def list_set_aside(self, session_id: str | None = None, limit: int = 1000) -> list[SetAside]:
+        """Set-aside work, of one session or all: summary batches first, then retain batches oldest first."""
+
+    async def set_aside_counts(self) -> SetAsideCounts:
+        """How many summary and retain batches are set aside."""
+
+    async def retry_set_aside_retains(self, session_id: str | None = None) -> int:
+        """Put set-aside retain batches back into delivery, due now, attempts counted afresh; return how many."""
+
+    async def discard_set_aside_retains(self, session_id: str | None = None) -> list[SetAside]:
+        """Remove set-aside retain batches from the outbox (the sink never gets them); return what was removed."""
 
     async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
         """Stored episodes matching any of the first 1,000 distinct words of ``query``, best first; never deleted ones.

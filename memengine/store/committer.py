@@ -52,7 +52,7 @@ import anyio
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
-from . import handover, journal, leases, orphans, outbox, owners
+from . import handover, journal, leases, orphans, outbox, owners, set_aside
 from .base import (
     AppendResult,
     Completion,
@@ -63,6 +63,8 @@ from .base import (
     RecallIndexDamaged,
     SessionRow,
     SessionSnapshot,
+    SetAside,
+    SetAsideCounts,
 )
 from .dialect import Db, Dialect
 from .liveness import HEARTBEAT_SECONDS
@@ -902,11 +904,40 @@ class GroupCommitStore:
     async def mark_retained(self, entry_id: int, key: str) -> None:
         await self._submit(lambda db: outbox.mark_delivered(db, entry_id, key))
 
-    async def mark_retain_failed(self, entry_id: int, key: str, error: str, retry_in: float = 0.0) -> None:
-        await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, self.owner, error, retry_in))
+    async def mark_retain_failed(
+        self, entry_id: int, key: str, error: str, retry_in: float = 0.0, *, set_aside: bool = False
+    ) -> None:
+        await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, self.owner, error, retry_in, set_aside))
 
     async def outbox_state(self) -> OutboxState:
         return await self._read(outbox.state)
+
+    # -- work set aside ---------------------------------------------------------
+
+    async def set_summary_aside(
+        self, session_id: str, token: int, generation: int, through_seq: int, attempts: int, error: str
+    ) -> bool:
+        return await self._submit(
+            lambda db: set_aside.set_summary_aside(db, session_id, token, generation, through_seq, attempts, error)
+        )
+
+    async def lift_summary_set_aside(self, session_id: str, token: int | None) -> bool:
+        return await self._submit(lambda db: set_aside.clear_summary_mark(db, session_id, token))
+
+    async def summary_set_aside(self, session_id: str) -> SetAside | None:
+        return await self._read(lambda db: set_aside.summary_of(db, session_id))
+
+    async def list_set_aside(self, session_id: str | None = None, limit: int = 1000) -> list[SetAside]:
+        return await self._read(lambda db: set_aside.listing(db, session_id, limit))
+
+    async def set_aside_counts(self) -> SetAsideCounts:
+        return await self._read(set_aside.counts)
+
+    async def retry_set_aside_retains(self, session_id: str | None = None) -> int:
+        return await self._submit(lambda db: set_aside.retry_retains(db, session_id))
+
+    async def discard_set_aside_retains(self, session_id: str | None = None) -> list[SetAside]:
+        return await self._submit(lambda db: set_aside.discard_retains(db, session_id))
 
     async def recall(self, query: str, session_id: str | None, limit: int) -> list[Recalled]:
         """Search every stored episode: index what waits (in bounded steps), then read; rebuild a damaged index."""

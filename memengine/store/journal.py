@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from ..episode import Episode, stored_episode, with_seq
 from ..errors import SessionBusyError, StoreError
-from . import leases, outbox, unfinished
+from . import leases, outbox, set_aside, unfinished
 from .base import AppendResult, SessionRow, SessionSnapshot
 from .dialect import Db, placeholders
 
@@ -184,6 +184,7 @@ def delete_episodes(db: Db, session_id: str, token: int, seqs: Sequence[int]) ->
     db.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq >= ?", (session_id, min(existing)))
     # Deleted means deleted: undelivered retain batches lose them too.
     outbox.revise_after_delete(db, session_id, existing)
+    set_aside.drop_summary_mark(db, session_id)
     return len(existing), load(db, session_id)
 
 
@@ -197,6 +198,7 @@ def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
     db.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
     db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
     outbox.drop_session(db, session_id)
+    set_aside.drop_summary_mark(db, session_id)
     return load(db, session_id)
 
 
@@ -207,8 +209,10 @@ def sessions_needing_summary(
 
     Evicted: up to the stored boundary, or overflowing the window's episode and
     character bounds (a token bound is the activated session's to apply).
+    A session whose summary batch is set aside is left alone until retried.
     """
     condition, params = leases.unowned(owner, orphaned_only)
+    condition += " AND NOT " + set_aside.SUMMARY_SET_ASIDE.format(session="s")
     rows = db.execute(
         "WITH latest AS ("
         "  SELECT s.session_id, s.evicted_through, coalesce("
@@ -275,6 +279,7 @@ def load(db: Db, session_id: str) -> SessionSnapshot:
         episodes=episodes,
         retained_through=retained_through,
         evicted_through=evicted_through,
+        summary_set_aside=set_aside.summary_of(db, session_id),
     )
 
 

@@ -11,6 +11,7 @@ and so stays found, until it got it.
 
 from __future__ import annotations
 
+from . import set_aside
 from .dialect import Db
 
 #: Leases one step looks at (one transaction each; renewals and writes go in between).
@@ -39,17 +40,19 @@ def release_handled(
         if retaining
         else ""
     )
+    summary_set_aside = set_aside.SUMMARY_SET_ASIDE.format(session="l")
     for start in range(0, len(rows), 100):
         chunk = [row[0] for row in rows[start : start + 100]]
         marks = ", ".join("?" * len(chunk))
         cursor = db.execute(
             "UPDATE session_leases AS l SET owner = NULL, expires_at = 0 "
             f"WHERE l.session_id IN ({marks}) AND l.owner IS NOT NULL AND l.expires_at <= {{now}} {untold}"
-            "AND NOT (SELECT count(*) > ? OR coalesce(sum(length(e.content)), 0) > ? FROM episodes AS e "
+            f"AND ({summary_set_aside} OR "  # set aside: no summary is made for it until a retry
+            "(NOT (SELECT count(*) > ? OR coalesce(sum(length(e.content)), 0) > ? FROM episodes AS e "
             "  WHERE e.session_id = l.session_id AND e.seq > coalesce("
             "    (SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0)) "
             "AND NOT EXISTS (SELECT 1 FROM sessions AS s WHERE s.session_id = l.session_id AND s.evicted_through > "
-            "  coalesce((SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0))",
+            "  coalesce((SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0))))",
             (*chunk, max_episodes, max_chars),
         )
         released += max(cursor.rowcount, 0)

@@ -164,8 +164,9 @@ def pending(db: Db, limit: int, episode_from_row: EpisodeFromRow) -> list[Outbox
     ]
 
 
-# Conditions on outbox rows ``o``. Only the oldest batch of a session may be sent (see claim).
-_OLDEST_OF_SESSION = "o.id IN (SELECT min(id) FROM retain_outbox GROUP BY session_id)"
+# Conditions on outbox rows ``o``. Only the oldest batch of a session may be sent (see claim): a batch
+# set aside (set_aside.py) stays the oldest, so its session's later batches wait behind it.
+_OLDEST_OF_SESSION = "o.id IN (SELECT min(id) FROM retain_outbox GROUP BY session_id) AND o.set_aside_at IS NULL"
 #: No other process holds a live claim on it (``?``: this process).
 _NOT_HELD_ELSEWHERE = "(o.claimed_by IS NULL OR o.claimed_by = ? OR o.claim_until <= {now})"
 _RETRY_TIME_CAME = "(o.retry_at IS NULL OR o.retry_at <= {now})"
@@ -210,11 +211,11 @@ def claim(
     """Claim the batch for ``ttl`` seconds and return it as it stands now (a clear or delete may have revised it).
 
     Only the oldest batch of its session can be claimed, and only if no other
-    live process holds it; claiming it again extends our own claim.
+    live process holds it and it is not set aside; claiming it again extends our own claim.
     """
     row = db.execute(
         "UPDATE retain_outbox SET claimed_by = ?, claim_until = {now} + ? "
-        "WHERE id = ? AND key = ? "
+        "WHERE id = ? AND key = ? AND set_aside_at IS NULL "
         "  AND (claimed_by IS NULL OR claimed_by = ? OR claim_until <= {now}) "
         "  AND id = (SELECT min(o.id) FROM retain_outbox AS o WHERE o.session_id = retain_outbox.session_id) "
         f"RETURNING {_OUTBOX_COLUMNS}",
@@ -260,8 +261,12 @@ def mark_delivered(db: Db, entry_id: int, key: str) -> None:
     db.execute("DELETE FROM retain_outbox WHERE id = ? AND key = ?", (entry_id, key))
 
 
-def mark_failed(db: Db, entry_id: int, key: str, owner: str, error: str, retry_in: float) -> None:
+def mark_failed(
+    db: Db, entry_id: int, key: str, owner: str, error: str, retry_in: float, set_aside: bool = False
+) -> None:
     """Count the attempt, keep the batch out of delivery for ``retry_in`` seconds, and let ``owner``'s claim go.
+
+    With ``set_aside``, out of delivery until it is retried (set_aside.py).
 
     Unless another process holds a live claim on it: then ``owner``'s claim
     lapsed and the batch is being sent by that process, which a late failure
@@ -269,9 +274,9 @@ def mark_failed(db: Db, entry_id: int, key: str, owner: str, error: str, retry_i
     """
     db.execute(
         "UPDATE retain_outbox SET attempts = attempts + 1, last_error = ?, retry_at = {now} + ?, "
-        "claimed_by = NULL, claim_until = NULL "
+        "claimed_by = NULL, claim_until = NULL, set_aside_at = CASE WHEN ? THEN {now} ELSE NULL END "
         "WHERE id = ? AND key = ? AND (claimed_by IS NULL OR claimed_by = ? OR claim_until <= {now})",
-        (error[:2000], retry_in, entry_id, key, owner),
+        (error[:2000], retry_in, set_aside, entry_id, key, owner),
     )
 
 

@@ -122,6 +122,15 @@ _BOUNDED_RECALL_INDEX = (
 
 _ENGINE_OWNERS = (OWNERS_TABLE, OWNERS_INDEX, WANTED_COLUMN)
 
+_SET_ASIDE = (
+    # Work given up on after too many failed rounds (store/set_aside.py): a session's summary batch
+    # (valid for one generation of the session), and a retain batch (set_aside_at: unix seconds).
+    "CREATE TABLE summaries_set_aside (session_id text PRIMARY KEY, generation bigint NOT NULL,"
+    "  through_seq bigint NOT NULL, attempts integer NOT NULL, error text NOT NULL,"
+    "  set_aside_at double precision NOT NULL)",
+    "ALTER TABLE retain_outbox ADD COLUMN set_aside_at double precision",
+)
+
 MIGRATIONS: list[Migration] = [
     # Everything: there is no older code to keep working.
     Migration(_JOURNAL, additive=False, locks="nothing that exists (creates the tables)"),
@@ -151,6 +160,12 @@ MIGRATIONS: list[Migration] = [
         _ENGINE_OWNERS,
         additive=True,
         locks="session_leases, ACCESS EXCLUSIVE, briefly (a nullable column without a default: no rewrite)",
+    ),
+    # Older code ignores the marks: it retries set-aside work for ever, as it always did.
+    Migration(
+        _SET_ASIDE,
+        additive=True,
+        locks="retain_outbox, ACCESS EXCLUSIVE, briefly (a nullable column without a default: no rewrite)",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

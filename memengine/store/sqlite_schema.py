@@ -150,6 +150,24 @@ def _add_engine_owners(db: sqlite_utils.Database) -> None:
     db.execute(WANTED_COLUMN)
 
 
+def _add_set_aside(db: sqlite_utils.Database) -> None:
+    # Work given up on after too many failed rounds (store/set_aside.py): a session's summary batch
+    # (valid for one generation of the session), and a retain batch (set_aside_at: unix seconds).
+    db["summaries_set_aside"].create(  # type: ignore[union-attr]
+        {
+            "session_id": str,
+            "generation": int,
+            "through_seq": int,
+            "attempts": int,
+            "error": str,
+            "set_aside_at": float,
+        },
+        pk="session_id",
+        not_null={"generation", "through_seq", "attempts", "error", "set_aside_at"},
+    )
+    db["retain_outbox"].add_column("set_aside_at", float)  # type: ignore[union-attr]
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _create_journal,
     _add_retain_and_recall,
@@ -158,13 +176,15 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _add_retain_retry_times,
     _add_eviction_boundaries,
     _add_engine_owners,
+    _add_set_aside,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 #: For each migration, whether code from before it keeps working against the schema it leaves
 #: (see schema_window.py). The first five add what older code would ignore and get wrong; the eviction
 #: boundary is only a hint that older code leaves at its default (the window's rules apply again on load).
 #: The engine owners table is ignored by older code, whose owners are never found dead (their leases expire).
-ADDITIVE: list[bool] = [False, False, False, False, False, True, True]
+#: Older code ignores the set-aside marks: it retries set-aside work for ever, as it always did.
+ADDITIVE: list[bool] = [False, False, False, False, False, True, True, True]
 
 _SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS memengine_schema"
