@@ -6,8 +6,9 @@ The engine reaches PostgreSQL at URL through a :class:`StallingProxy`. It adds
 episodes to a few sessions, then the proxy stalls (no byte passes, nothing is
 closed). Then, by SCENARIO:
 
-- ``in_flight``: one more add is made; it must fail with ``StoreError``
-  (the client's own bound on a reply, ``reply_timeout``, is short here);
+- ``in_flight``: one more add is made, then a recall; each must fail with
+  ``StoreError`` (the client's own bound on a reply, ``reply_timeout``, is
+  short here);
 - ``exit``: an add is in flight when the engine is left (``reply_timeout`` is
   long here: leaving must not wait for it).
 
@@ -62,6 +63,14 @@ async def main(scenario: str, url: str) -> dict:
             else:
                 outcome = {"add_error": "none: the add was acknowledged"}
             outcome["add_seconds"] = time.monotonic() - started
+            started = time.monotonic()
+            try:
+                await engine.recall("silence")  # on the read connection, which is silent too
+            except StoreError as exc:
+                outcome["recall_error"] = type(exc).__name__
+            else:
+                outcome["recall_error"] = "none: the recall answered"
+            outcome["recall_seconds"] = time.monotonic() - started
         else:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(engine.session("alice").add, [Episode("user", "into the silence")])

@@ -58,6 +58,13 @@ async def test_a_silent_server_fails_calls_in_bounded_time_and_loses_nothing_ack
             # Silence past reply_timeout gives the connection up; the reconnect meets connect_timeout.
             assert outcome["add_error"] in ("StoreError", "UncertainCommitError"), outcome
             assert outcome["add_seconds"] <= REPLY_TIMEOUT[scenario] + CONNECT_TIMEOUT + SLACK, outcome
+            # Reads too: the read connection is given up the same way, and its reconnect fails in time.
+            # Reads take the read connection one at a time, and the engine's own (looking for sessions
+            # other processes want) may be ahead: each of those pays the same bound first.
+            assert outcome["recall_error"] == "StoreError", outcome
+            reads_ahead = 3
+            bound = (1 + reads_ahead) * (REPLY_TIMEOUT[scenario] + CONNECT_TIMEOUT) + SLACK
+            assert outcome["recall_seconds"] <= bound, outcome
         # Leaving does not wait for the silent server (nor for reply_timeout, which is long in "exit").
         assert outcome["exit_seconds"] <= EXIT_STORE_SECONDS + INTERRUPT_SECONDS + SLACK, outcome
         if scenario == "exit":

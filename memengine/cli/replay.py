@@ -14,10 +14,8 @@ schema are dropped.
 from __future__ import annotations
 
 import argparse
-import functools
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -65,16 +63,15 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
     parser.set_defaults(run=run)
 
 
-async def replay_into(
-    log: Path, db: str, config: SessionConfig, progress: Callable[[str, str, int], Progress] | None = None
-) -> ReplayReport:
-    """Replay ``log`` into ``db``; ``progress(what, unit, total)`` makes the reporter of each phase, if given."""
-    progress = progress or (lambda what, unit, total: Progress(what, unit, None, total=total))
+async def replay_into(log: Path, db: str, config: SessionConfig, progress_to: TextIO | None = None) -> ReplayReport:
+    """Replay ``log`` into ``db``, with progress on ``progress_to`` (None: none)."""
     async with open_engine(db, config=config, resume_pending_summaries=False) as engine:
-        messages = progress("memengine replay", "messages", _message_count(log))
+        total = None if progress_to is None else _message_count(log)  # an extra pass, only to be shown
+        messages = Progress("memengine replay", "messages", progress_to, total=total)
         report = await replay(log, engine, on_handled=messages.advance)
         messages.finish()
-        summaries = progress("memengine replay: waiting for summaries", "sessions", len(report.sessions))
+        waiting = "memengine replay: waiting for summaries"
+        summaries = Progress(waiting, "sessions", progress_to, total=len(report.sessions))
         for waited, session_id in enumerate(report.sessions, 1):
             await engine.session(session_id).context(wait_for_summary=True)
             summaries.advance(waited)
@@ -113,9 +110,8 @@ def run(options: argparse.Namespace) -> int:
     report: ReplayReport | None = None
     failure: BaseException | None = None
     try:
-        stream = stream_for(options.progress)
-        reporter = functools.partial(_reporter, stream=stream)
-        report = anyio.run(replay_into, log, db, config, reporter, backend=options.backend)
+        progress_to = stream_for(options.progress)
+        report = anyio.run(replay_into, log, db, config, progress_to, backend=options.backend)
     except* (*EXPECTED_FAILURES, ValueError) as group:
         failure = first_failure(group)
     except* BaseException:
@@ -135,10 +131,6 @@ def run(options: argparse.Namespace) -> int:
         return exit_status.FAILED
     print(f"every outcome matched the log; look at the result with: memengine inspect {redacted(db)}")
     return exit_status.OK
-
-
-def _reporter(what: str, unit: str, total: int, *, stream: TextIO | None) -> Progress:
-    return Progress(what, unit, stream, total=total)
 
 
 def _print_setup(recorded: RecordedEngine | None, default_config: bool) -> None:
