@@ -5,7 +5,9 @@ statement the server is running; TCP keepalives notice a peer that vanished
 while the connection was idle. Neither helps when the server never sees the
 statement, or its answer never arrives, while the socket stays open: a
 partition that drops nothing, a frozen server, a stuck middlebox. psycopg
-then waits for ever. A :class:`RepliesBoundedConnection` waits at most
+then waits for ever. libpq's ``tcp_user_timeout`` would not help either when
+the other end's kernel still acknowledges every byte (a frozen server, a
+proxy): only the client knows that no answer came. A :class:`RepliesBoundedConnection` waits at most
 ``reply_timeout`` seconds without a byte from the server (or without room to
 send one); then it closes the connection and raises :class:`ReplyTimeout`,
 which the store reports as :class:`~memengine.errors.StoreError` (or
