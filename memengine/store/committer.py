@@ -84,8 +84,8 @@ TRANSACTION_CHARS = 8_000_000
 #: Seconds closing waits for submitted operations before interrupting them.
 CLOSE_TIMEOUT = 2.0
 #: Seconds, once closing stopped waiting for the work, that the statements it interrupted get to
-#: return and the connections get to close; whatever is still running then (the server went
-#: silent) is left behind, to close its connection when it returns.
+#: return and the connections get to close; a thread still waiting then (the server went silent)
+#: is left behind, told to give its connection up (postgres_replies.py), and closes it on return.
 INTERRUPT_SECONDS = 2.0
 
 

@@ -183,6 +183,8 @@ class AdvisoryLiveness:
                 self._conn.execute("SELECT 1")
                 return True
         except Exception as exc:
+            if self._released:
+                return False  # given up by release: the engine has left
             log.warning("the connection holding this engine's liveness lock was lost (%s)", exc)
         try:
             self._take()
