@@ -32,6 +32,7 @@ from .session.messages import ClientMessage, ForgetSession, HandOver, LeaseLost,
 from .session.retain_flush import RetainPlan
 from .stats import EngineStats
 from .store.base import Erased, Recalled, SetAside, SetAsideCounts, Store
+from .store.committer import INTERRUPT_SECONDS
 from .store.liveness import HEARTBEAT_SECONDS
 from .store.open import open_store
 from .summarizer.extractive import ExtractiveSummarizer
@@ -573,6 +574,7 @@ async def open_engine(
     retain_grace: float = 5.0,
     record_to: str | os.PathLike[str] | None = None,
     synchronous: str = "NORMAL",
+    busy_timeout: float = 10.0,
     owner: str | None = None,
     capture_content: bool | None = None,
     tracer_provider: object | None = None,
@@ -605,11 +607,19 @@ async def open_engine(
     again on the next start, and callers still waiting get
     :class:`EngineClosedError`. Delivery to the retain sink then gets up to
     ``retain_grace`` seconds; what is left stays in the outbox for the next
-    start.
+    start. Whatever the database does (a lock held, a server gone silent),
+    leaving takes at most :data:`EXIT_DEADLINE_SECONDS` beyond
+    ``retain_grace``: the engine's last store work gets
+    :data:`EXIT_STORE_SECONDS`, then what still runs is interrupted and the
+    connections closed within ``INTERRUPT_SECONDS`` (see store/committer.py).
 
     ``synchronous`` is SQLite's durability setting (ignored for PostgreSQL): ``"NORMAL"`` (default)
     keeps every acknowledged write across a crash of the process (kill -9);
     ``"FULL"`` also across a power loss, at the cost of an fsync per commit.
+    ``busy_timeout`` is how many seconds a SQLite write waits for another
+    process's write lock before it fails with :class:`StoreError` (ignored for
+    PostgreSQL: ``lock_timeout`` and ``statement_timeout`` in the URL, see
+    :mod:`memengine.store.postgres_connection`).
 
     With ``record_to``, every message a session handles is appended to that
     JSON-lines file (see :mod:`memengine.replay`); ``memengine replay`` plays
@@ -641,6 +651,10 @@ async def open_engine(
         raise TypeError(f"retain_grace must be a number of seconds, not {type(retain_grace).__name__}")
     if not retain_grace >= 0:
         raise ValueError(f"retain_grace must be >= 0 seconds, not {retain_grace!r}")
+    if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)):
+        raise TypeError(f"busy_timeout must be a number of seconds, not {type(busy_timeout).__name__}")
+    if not 0 <= busy_timeout < math.inf:
+        raise ValueError(f"busy_timeout must be >= 0 seconds, not {busy_timeout!r}")
 
     if owner is not None:
         require_text("owner", owner, max_bytes=MAX_OWNER_BYTES)
@@ -648,7 +662,7 @@ async def open_engine(
     body_error: BaseException | None = None
     failure: BaseException | None
     try:
-        async with open_store(path, synchronous=synchronous, owner=owner) as store:
+        async with open_store(path, synchronous=synchronous, owner=owner, busy_timeout=busy_timeout) as store:
             recorder = None if record_to is None else MessageRecorder(record_to, config=config, summarizer=summarizer)
             delivery = None if retain_sink is None else RetainDelivery(store, retain_sink, config, telemetry)
             plan = None if delivery is None else RetainPlan(mode, config.retain_every, delivery)
@@ -706,6 +720,9 @@ async def open_engine(
 #: Seconds the engine's own store work may take on the way out of ``open_engine`` (retain
 #: tails, lease release, the last commits), on top of ``retain_grace`` for the sink.
 EXIT_STORE_SECONDS = 2.0
+#: Seconds leaving ``open_engine`` takes at most beyond ``retain_grace``, whatever the database does:
+#: the store work's share, then interrupting what still runs and closing the connections.
+EXIT_DEADLINE_SECONDS = EXIT_STORE_SECONDS + INTERRUPT_SECONDS
 
 
 async def _leave(

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -232,7 +232,9 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
             yield record
 
 
-async def replay(path: str | os.PathLike[str], engine: Engine) -> ReplayReport:
+async def replay(
+    path: str | os.PathLike[str], engine: Engine, on_handled: Callable[[int], object] | None = None
+) -> ReplayReport:
     """Send every message of the log at ``path`` to ``engine``, in order.
 
     Messages that failed when recorded are sent again (they fail again or not);
@@ -241,11 +243,14 @@ async def replay(path: str | os.PathLike[str], engine: Engine) -> ReplayReport:
     (seqs of an add, count of a delete, a read's window and, where it does not
     depend on timing, its summary's reach) are reported, not raised. The
     engine's config is the caller's choice: :func:`recorded_config` gives the
-    recorded one.
+    recorded one. ``on_handled`` is called with the number of messages
+    handled so far, after each one (for progress).
     """
     mismatches: list[str] = []
     sessions: dict[str, None] = {}
-    messages = (record for record in read_log(path) if record["type"] != "engine")
+    messages: Iterator[dict[str, Any]] = (record for record in read_log(path) if record["type"] != "engine")
+    if on_handled is not None:
+        messages = _counted(messages, on_handled)
     count = 0
     for count, record in enumerate(messages, 1):
         session_id = record["session"]
@@ -290,6 +295,15 @@ async def replay(path: str | os.PathLike[str], engine: Engine) -> ReplayReport:
         if expected is not None and actual != expected:
             mismatches.append(f"message {count} ({kind} on {session_id!r}): recorded {expected}, replayed {actual}")
     return ReplayReport(count, tuple(sessions), tuple(mismatches))
+
+
+def _counted(records: Iterator[dict[str, Any]], on_handled: Callable[[int], object]) -> Iterator[dict[str, Any]]:
+    """``records``, calling ``on_handled`` each time the one handed out before was handled."""
+    handled = 0
+    for record in records:
+        yield record
+        handled += 1
+        on_handled(handled)
 
 
 def _episode_from_json(data: dict[str, Any]) -> Episode:

@@ -18,6 +18,7 @@ import pytest
 
 from memengine import Episode, SessionConfig, StoreError, open_engine
 from memengine.cli import main
+from memengine.scope import EVERY_SESSION
 from memengine.store import postgres_schema
 from memengine.store.open import open_store
 
@@ -384,6 +385,47 @@ async def test_prepare_threshold_is_taken_from_the_url_and_not_sent_to_the_serve
         with pytest.raises(StoreError, match="prepare_threshold"):
             async with open_store(url + "&prepare_threshold=often"):
                 pass
+
+
+async def test_reply_timeout_is_taken_from_the_url_and_bounds_every_connection_of_the_store() -> None:
+    with fresh_schema() as url:
+        async with open_store(url + "&reply_timeout=7") as store:
+            assert store._conn.reply_timeout == 7  # type: ignore[attr-defined]
+            assert store._reader.reply_timeout == 7  # type: ignore[attr-defined]
+            assert await store.recall("anything", EVERY_SESSION, 10) == []  # the server never saw the parameter
+        async with open_store(url) as store:
+            assert store._conn.reply_timeout == 90  # type: ignore[attr-defined]
+        with pytest.raises(StoreError, match="reply_timeout"):
+            async with open_store(url + "&reply_timeout=soon"):
+                pass
+
+
+@pytest.mark.parametrize(
+    ("query", "seconds"),
+    [
+        ("", 90.0),  # the default statement_timeout (60 s), plus 30 s
+        ("?reply_timeout=2.5", 2.5),
+        ("?reply_timeout=0", None),  # asked to wait for ever
+        ("?options=-c%20statement_timeout%3D2min", 150.0),
+        ("?options=-cstatement_timeout%3D500", 30.5),  # a bare number is milliseconds
+        ("?options=--statement-timeout%3D0", None),  # statements may run for ever: so may their answer
+        ("?options=-c%20statement_timeout%3D0&reply_timeout=20", 20.0),
+    ],
+)
+def test_reply_timeout_defaults_to_the_statement_timeout_in_force_plus_a_margin(
+    query: str, seconds: float | None
+) -> None:
+    from memengine.store.postgres_connection import reply_timeout
+
+    assert reply_timeout("postgresql://app@db/memory" + query) == seconds
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "inf", "nan"])
+def test_a_reply_timeout_that_is_no_number_of_seconds_is_refused(value: str) -> None:
+    from memengine.store.postgres_connection import reply_timeout
+
+    with pytest.raises(StoreError, match="reply_timeout"):
+        reply_timeout(f"postgresql://app@db/memory?reply_timeout={value}")
 
 
 async def test_sqlite_keeps_the_same_window(tmp_path: Path) -> None:

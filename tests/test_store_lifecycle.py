@@ -59,7 +59,7 @@ class Stalling:
 async def test_a_close_that_leaves_a_stuck_thread_behind_never_closes_the_connection_under_it(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(committer, "_INTERRUPT_WAIT", 0.1)
+    monkeypatch.setattr(committer, "INTERRUPT_SECONDS", 0.1)
     async with open_store(store_url, owner="a") as store:
         token, _ = await store.activate("s", TTL)
         stuck = Stalling(store._conn, "UPDATE session_leases")  # the release below, deaf to interrupts

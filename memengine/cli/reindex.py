@@ -23,6 +23,7 @@ from ..store.open import is_postgres_url, open_store
 from ..store.open_errors import redacted
 from . import exit_status
 from .failures import EXPECTED_FAILURES, first_failure, report
+from .progress import Progress, add_option, stream_for
 from .store_file import foreign_url, store_file_problem
 
 DESCRIPTION = (
@@ -38,19 +39,27 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
     parser.add_argument(
         "db", metavar="DB", help="a memengine SQLite file (never created by reindex), or a postgresql:// URL"
     )
+    add_option(parser)
     parser.set_defaults(run=run)
 
 
-async def rebuild(db: str) -> int:
+async def rebuild(db: str, progress: Progress | None = None) -> int:
     """Rebuild the recall index of the store at ``db``; return how many episodes it holds.
 
     The store is looked at read-only first: a place without memengine's tables
     is refused rather than given them (opening a store to write creates them).
+    The rebuild is one statement: ``progress`` says every second that it still runs.
     """
     async with open_store(db, read_only=True):
         pass
-    async with open_store(db) as store:
-        return await store.rebuild_recall_index()
+    async with open_store(db) as store, anyio.create_task_group() as ticks:
+        if progress is not None:
+            ticks.start_soon(progress.ticking)
+        indexed = await store.rebuild_recall_index()
+        ticks.cancel_scope.cancel()
+    if progress is not None:
+        progress.finish(indexed)
+    return indexed
 
 
 def run(options: argparse.Namespace) -> int:
@@ -65,7 +74,8 @@ def run(options: argparse.Namespace) -> int:
     failure: BaseException | None = None
     indexed: int | None = None
     try:
-        indexed = anyio.run(rebuild, db)
+        progress = Progress("memengine reindex", "episodes indexed", stream_for(options.progress))
+        indexed = anyio.run(rebuild, db, progress)
     except* EXPECTED_FAILURES as group:
         failure = first_failure(group)
     if failure is not None or indexed is None:

@@ -17,17 +17,19 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import anyio
 
 from ..config import SessionConfig
 from ..engine import open_engine
-from ..replay import RecordedEngine, ReplayReport, recorded_config, replay
+from ..replay import RecordedEngine, ReplayReport, read_log, recorded_config, replay
 from ..store.open import is_postgres_url
 from ..store.open_errors import redacted
 from . import exit_status
 from .failures import EXPECTED_FAILURES, STORE_FAILURES, first_failure
 from .failures import report as report_failure
+from .progress import Progress, add_option, stream_for
 from .store_file import foreign_url
 
 DESCRIPTION = (
@@ -57,15 +59,28 @@ def add_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
         help="replay with the default SessionConfig instead of the one recorded in LOG",
     )
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio", help="async library to run on")
+    add_option(parser)
     parser.set_defaults(run=run)
 
 
-async def replay_into(log: Path, db: str, config: SessionConfig) -> ReplayReport:
+async def replay_into(log: Path, db: str, config: SessionConfig, progress_to: TextIO | None = None) -> ReplayReport:
+    """Replay ``log`` into ``db``, with progress on ``progress_to`` (None: none)."""
     async with open_engine(db, config=config, resume_pending_summaries=False) as engine:
-        report = await replay(log, engine)
-        for session_id in report.sessions:
+        total = None if progress_to is None else _message_count(log)  # an extra pass, only to be shown
+        messages = Progress("memengine replay", "messages", progress_to, total=total)
+        report = await replay(log, engine, on_handled=messages.advance)
+        messages.finish()
+        waiting = "memengine replay: waiting for summaries"
+        summaries = Progress(waiting, "sessions", progress_to, total=len(report.sessions))
+        for waited, session_id in enumerate(report.sessions, 1):
             await engine.session(session_id).context(wait_for_summary=True)
+            summaries.advance(waited)
+        summaries.finish()
         return report
+
+
+def _message_count(log: Path) -> int:
+    return sum(1 for record in read_log(log) if record["type"] != "engine")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -95,7 +110,8 @@ def run(options: argparse.Namespace) -> int:
     report: ReplayReport | None = None
     failure: BaseException | None = None
     try:
-        report = anyio.run(replay_into, log, db, config, backend=options.backend)
+        progress_to = stream_for(options.progress)
+        report = anyio.run(replay_into, log, db, config, progress_to, backend=options.backend)
     except* (*EXPECTED_FAILURES, ValueError) as group:
         failure = first_failure(group)
     except* BaseException:

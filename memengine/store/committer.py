@@ -87,8 +87,10 @@ TRANSACTION_ROWS = 2000
 TRANSACTION_CHARS = 8_000_000
 #: Seconds closing waits for submitted operations before interrupting them.
 CLOSE_TIMEOUT = 2.0
-#: Seconds an interrupted statement gets to return before its thread is left behind.
-_INTERRUPT_WAIT = 2.0
+#: Seconds, once closing stopped waiting for the work, that the statements it interrupted get to
+#: return and the connections get to close; a thread still waiting then (the server went silent)
+#: is left behind, told to give its connection up (postgres_replies.py), and closes it on return.
+INTERRUPT_SECONDS = 2.0
 
 
 def new_owner_id() -> str:
@@ -174,6 +176,7 @@ class GroupCommitStore:
         self._liveness: owners.Liveness | None = None  # once held (see start_liveness)
         self._alive_until = math.inf  # see alive_until
         self._liveness_slot = anyio.CapacityLimiter(1)
+        self._close_by: float | None = None  # time.monotonic() by which closing ends (see _closing_wait)
 
     # -- backend hooks -------------------------------------------------------
 
@@ -202,6 +205,9 @@ class GroupCommitStore:
         """Whether ``error`` is what an interrupt makes a statement raise."""
         return False
 
+    def _give_up(self, conn: Any) -> None:
+        """Make a thread still waiting on ``conn`` after an interrupt return soon (it is left behind). Any thread."""
+
     def _reader_connection(self) -> Any:
         """The read connection, reconnected if it was lost."""
         return self._reader
@@ -219,6 +225,9 @@ class GroupCommitStore:
 
     def _close_side_work(self) -> None:
         """Close what :meth:`_side_work` used (in a thread, after it was cancelled)."""
+
+    def _close_own_connections(self, wait: float) -> None:
+        """Close the backend's further connections (in a thread), waiting ``wait`` seconds at most for one in use."""
 
     def _committed(self) -> None:
         """A transaction committed (called on the event loop)."""
@@ -618,7 +627,9 @@ class GroupCommitStore:
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(max(grace, 0.0)):
                 await self._committer_done.wait()
+                self._close_by = time.monotonic() + INTERRUPT_SECONDS
                 return True
+            self._close_by = time.monotonic() + INTERRUPT_SECONDS
             pending = len(self._queue) + len(self._urgent)
             log.warning(
                 "the store did not finish its work in time (%.1f s; the database may be locked or unreachable); "
@@ -628,7 +639,7 @@ class GroupCommitStore:
             )
             self._aborted = True
             self._interrupt()
-            with anyio.move_on_after(_INTERRUPT_WAIT):
+            with anyio.move_on_after(INTERRUPT_SECONDS):
                 await self._committer_done.wait()
                 return True
             with self._thread_state:
@@ -636,6 +647,7 @@ class GroupCommitStore:
             if left_behind:
                 # Its connection stays open (the thread may still use it); the thread closes it on return.
                 log.error("the store's worker thread did not return after an interrupt; leaving it behind")
+                self._give_up(self._conn)
             self._committer_scope.cancel()  # abandons the thread, if it is still running
             await self._committer_done.wait()
             return not left_behind
@@ -648,6 +660,9 @@ class GroupCommitStore:
         On exit, operations already submitted are committed (within
         :data:`CLOSE_TIMEOUT`); the connections are closed whatever happened,
         even if ``prepare`` failed, unless a worker thread is still using one.
+        Closing them takes :data:`INTERRUPT_SECONDS` at most, counted from when
+        closing stopped waiting for the work: they are closed side by side, and
+        one still in use then is left to the thread using it.
         """
         finished = True
         try:
@@ -663,26 +678,37 @@ class GroupCommitStore:
                     side.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._close_side_work)
-                if finished:
-                    await anyio.to_thread.run_sync(self._conn.close)
-                if self._reader is not None:
-                    await anyio.to_thread.run_sync(self._close_reader, limiter=self._reader_slot)
-                if self._liveness is not None:
-                    await anyio.to_thread.run_sync(self._liveness.release, limiter=self._liveness_slot)
+                wait = self._closing_wait()
+                async with anyio.create_task_group() as closing:
+                    closing.start_soon(_in_thread, self._close_side_work)
+                    closing.start_soon(_in_thread, functools.partial(self._close_own_connections, wait))
+                    if finished:
+                        closing.start_soon(_in_thread, self._conn.close)
+                    if self._reader is not None:
+                        closing.start_soon(_in_thread, functools.partial(self._close_reader, wait), self._reader_slot)
+                    if self._liveness is not None:
+                        # Not in the liveness slot: an abandoned check may hold it until it returns (trio).
+                        closing.start_soon(_in_thread, functools.partial(self._liveness.release, wait))
+
+    def _closing_wait(self) -> float:
+        """Seconds closing the connections may still wait for one in use."""
+        if self._close_by is None:
+            return INTERRUPT_SECONDS
+        return max(self._close_by - time.monotonic(), 0.0)
 
     async def _run_side_work(self, scope: anyio.CancelScope) -> None:
         with scope:
             await self._side_work()
 
-    def _close_reader(self) -> None:
+    def _close_reader(self, wait: float) -> None:
         # After a read still running has returned (it was interrupted); one that does not is left
         # behind, and closes the connection itself when it returns.
-        if not self._read_lock.acquire(timeout=_INTERRUPT_WAIT):
+        if not self._read_lock.acquire(timeout=wait):
             with self._read_lock_state:
                 self._reader_left_behind = True
             if not self._read_lock.acquire(blocking=False):
                 log.error("a read of the store did not return after an interrupt; leaving it behind")
+                self._give_up(self._reader)
                 return
         try:
             with contextlib.suppress(Exception):
@@ -1060,3 +1086,7 @@ def _parts(episodes: Sequence[Episode]) -> list[Sequence[Episode]]:
         chars += length
     parts.append(episodes[start:])
     return parts
+
+
+async def _in_thread(function: Callable[[], object], limiter: anyio.CapacityLimiter | None = None) -> None:
+    await anyio.to_thread.run_sync(function, limiter=limiter)

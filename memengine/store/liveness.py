@@ -111,7 +111,7 @@ class FileLiveness:
     def process_gone(self, host: str, pid: int) -> bool:
         return True  # its lock is free: the process has ended (grace 0 anyway)
 
-    def release(self) -> None:
+    def release(self, wait: float) -> None:
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
@@ -131,12 +131,15 @@ class AdvisoryLiveness:
         self._connect = connect
         self._conn: Any = None
         self._lock = threading.Lock()  # one thread on the connection at a time
+        self._released = False  # set by release: a check still running closes the connection itself
 
     def hold(self) -> None:
         with self._lock:
             self._take()
 
     def _take(self) -> None:
+        if self._released:
+            raise RuntimeError("the engine has left: its liveness lock is not taken again")
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.close()
@@ -169,21 +172,50 @@ class AdvisoryLiveness:
         """Whether the lock was held all along; if it was lost, take it again (False)."""
         with self._lock:
             try:
-                if self._conn is not None and not self._conn.broken:
-                    self._conn.execute("SELECT 1")
-                    return True
-            except Exception as exc:
-                log.warning("the connection holding this engine's liveness lock was lost (%s)", exc)
-            try:
-                self._take()
-            except Exception as exc:
-                self._conn = None  # tried again at the next check
-                log.warning("could not take this engine's liveness lock again (%s)", exc)
-            return False
+                return self._check()
+            finally:
+                if self._released:  # release gave up waiting for this check: the connection is ours to close
+                    self._close()
 
-    def release(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
-                self._conn = None
+    def _check(self) -> bool:
+        try:
+            if self._conn is not None and not self._conn.broken:
+                self._conn.execute("SELECT 1")
+                return True
+        except Exception as exc:
+            if self._released:
+                return False  # given up by release: the engine has left
+            log.warning("the connection holding this engine's liveness lock was lost (%s)", exc)
+        try:
+            self._take()
+        except Exception as exc:
+            self._conn = None  # tried again at the next check
+            log.warning("could not take this engine's liveness lock again (%s)", exc)
+        return False
+
+    def release(self, wait: float) -> None:
+        """Close the lock's connection, after a check in progress (``wait`` seconds at most).
+
+        A check that does not return in time (the server went silent) is left
+        behind: it closes the connection itself when it returns.
+        """
+        acquired = self._lock.acquire(timeout=max(wait, 0.0))
+        self._released = True
+        if not acquired and not self._lock.acquire(blocking=False):
+            log.warning("a check of this engine's liveness lock did not return in time; leaving it behind")
+            given_up = getattr(
+                self._conn, "give_up", None
+            )  # a PostgreSQL connection ends its wait (postgres_replies.py)
+            if given_up is not None:
+                given_up()
+            return
+        try:
+            self._close()
+        finally:
+            self._lock.release()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None

@@ -18,7 +18,12 @@ def is_postgres_url(path: object) -> bool:
 
 @asynccontextmanager
 async def open_store(
-    path: str | os.PathLike[str], *, synchronous: str = "NORMAL", owner: str | None = None, read_only: bool = False
+    path: str | os.PathLike[str],
+    *,
+    synchronous: str = "NORMAL",
+    owner: str | None = None,
+    read_only: bool = False,
+    busy_timeout: float | None = None,
 ) -> AsyncIterator[Store]:
     """A PostgreSQL store for a ``postgresql://`` URL, else the SQLite file (or ``":memory:"``) at ``path``.
 
@@ -26,7 +31,9 @@ async def open_store(
     migrated or written, and a place without memengine's tables is refused.
     A store that cannot be opened raises :class:`~memengine.errors.StoreError`
     naming it (a URL without its password) and saying what to do; so does a
-    URL of another database (``mysql://...``).
+    URL of another database (``mysql://...``). ``busy_timeout`` is SQLite's
+    wait for another process's write lock (None: its default, 10 s; ignored
+    for PostgreSQL, where ``lock_timeout`` in the URL says it).
     """
     if is_postgres_url(path):
         from .postgres import open_postgres_store  # psycopg is an optional dependency
@@ -38,5 +45,6 @@ async def open_store(
     else:
         from .sqlite import open_sqlite_store
 
-        async with open_sqlite_store(path, synchronous=synchronous, owner=owner, read_only=read_only) as store:
-            yield store
+        options = {} if busy_timeout is None else {"busy_timeout": busy_timeout}
+        async with open_sqlite_store(path, synchronous=synchronous, owner=owner, read_only=read_only, **options) as s:
+            yield s

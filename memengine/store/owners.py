@@ -67,8 +67,8 @@ class Liveness(Protocol):
         """Whether the lock was held all along; if it was lost, take it again (False). Blocking."""
         ...
 
-    def release(self) -> None:
-        """Give the lock up (the engine has left)."""
+    def release(self, wait: float) -> None:
+        """Give the lock up (the engine has left); a check still running gets ``wait`` seconds, then is left behind."""
         ...
 
     def alive(self, db: Db, incarnations: Sequence[tuple[str, int]]) -> set[str]:

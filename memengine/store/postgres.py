@@ -33,6 +33,7 @@ from .open_errors import driver_error, postgres_open_failed, redacted
 from .postgres_connection import connect, pinned_to_tables, shown, with_url_settings
 from .postgres_readonly import check_readable
 from .postgres_renewals import RenewalConnection
+from .postgres_replies import give_up
 from .postgres_schema import prepare_schema
 
 try:
@@ -61,6 +62,9 @@ class PostgresStore(GroupCommitStore):
     async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
         # On a connection of their own: never behind queued writes, nor a write waiting for a lock.
         return await self._renewals.renew(self.owner, held, ttl)
+
+    def _close_own_connections(self, wait: float) -> None:
+        self._renewals.close(wait)
 
     def _new_liveness(self) -> AdvisoryLiveness:
         return AdvisoryLiveness(self._new_connection)
@@ -94,6 +98,9 @@ class PostgresStore(GroupCommitStore):
     def _interrupted(self, error: BaseException) -> bool:
         return isinstance(error, psycopg.errors.QueryCanceled)
 
+    def _give_up(self, conn: Any) -> None:
+        give_up(conn)
+
     def _in_transaction(self) -> bool:
         status = self._conn.info.transaction_status
         return status in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
@@ -103,8 +110,15 @@ class PostgresStore(GroupCommitStore):
 
     def _commit(self, batch: list[Any]) -> None:
         if self._conn.closed:
-            # The server went away (restart, failover): the batch gets a new connection.
-            self._conn = self._new_connection()
+            # The server went away (restart, failover, a silence past reply_timeout): the batch
+            # gets a new connection, or fails whole if there is none to be had.
+            try:
+                self._conn = self._new_connection()
+            except psycopg.Error as exc:
+                for submission in batch:
+                    submission.result = None
+                    submission.error = StoreError(f"could not reconnect to the database; nothing was stored: {exc}")
+                return
         super()._commit(batch)
 
     def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
@@ -176,9 +190,5 @@ async def open_postgres_store(
         except (psycopg.Error, StoreError) as exc:
             raise postgres_open_failed(given, exc, connecting=False) from driver_error(exc)
 
-    try:
-        async with store.serving(prepare):
-            yield store
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(store._renewals.close)
+    async with store.serving(prepare):
+        yield store

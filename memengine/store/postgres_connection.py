@@ -18,6 +18,10 @@ setting                                     default    why
                                                        transaction, and its row locks, die with
                                                        its session instead of blocking others
 ``statement_timeout``                       60 s       no statement runs unbounded
+``reply_timeout`` (memengine's own)         statement  a server gone silent (a partition that
+                                            timeout    drops nothing, a frozen server) fails the
+                                            + 30 s     call instead of hanging it; see
+                                                       postgres_replies.py
 ==========================================  =========  ==========================================
 
 A setting the URL already gives is left as the user gave it: a parameter
@@ -25,6 +29,13 @@ A setting the URL already gives is left as the user gave it: a parameter
 (``?options=-c%20lock_timeout%3D1s``, or ``-clock_timeout=1s``, ``--lock-timeout=1s``).
 Without ``options`` in the URL, ``PGOPTIONS`` from the environment is the starting point;
 ``PGCONNECT_TIMEOUT`` counts as setting ``connect_timeout``. ``0`` turns a timeout off.
+
+``reply_timeout`` (seconds, in the URL: ``?reply_timeout=20``) is the client's
+own bound: how long a connection waits without a byte from the server before
+it gives the connection up. memengine takes it out of the URL. By default it
+is the ``statement_timeout`` in force plus 30 s, so that a statement the
+server is still running is never cut short; with ``statement_timeout`` off
+(``0``) and no ``reply_timeout`` given, the client waits for ever.
 
 Prepared statements: psycopg prepares a statement on the server after it has
 run it five times on a connection, which breaks transaction poolers that do
@@ -64,18 +75,28 @@ DEFAULT_SETTINGS = {
     "idle_in_transaction_session_timeout": "60s",
     "statement_timeout": "60s",
 }
+#: Seconds ``reply_timeout`` adds, by default, to the ``statement_timeout`` in force.
+REPLY_MARGIN = 30.0
 _ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
 _PREPARE_THRESHOLD = "prepare_threshold"
+_REPLY_TIMEOUT = "reply_timeout"
+_MEMENGINE_PARAMETERS = (_PREPARE_THRESHOLD, _REPLY_TIMEOUT)
+# PostgreSQL's time units; a bare number of statement_timeout is milliseconds.
+_TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "": 1e-3}
+_TIME_VALUE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-z]*)\s*", re.IGNORECASE)
 _PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
 _USER_INFO = re.compile(r"^(?P<scheme>[a-z]+://)(?P<user>[^@/?:]*)(?::[^@/?]*)?@", re.IGNORECASE)
 
 
 def connect(url: str) -> Any:
-    """A new autocommit connection for ``url``, with the defaults above and its ``prepare_threshold``."""
-    import psycopg
+    """A new autocommit connection for ``url``: the defaults above, its ``prepare_threshold``, ``reply_timeout``."""
+    from .postgres_replies import RepliesBoundedConnection
 
     conninfo, prepare_threshold = connection_arguments(url)
-    return psycopg.connect(conninfo, autocommit=True, prepare_threshold=prepare_threshold)
+    bound = reply_timeout(url, conninfo)  # before connecting: a bad value opens nothing
+    conn = RepliesBoundedConnection.connect(conninfo, autocommit=True, prepare_threshold=prepare_threshold)
+    conn.reply_timeout = bound
+    return conn
 
 
 def connection_arguments(url: str) -> tuple[str, int | None]:
@@ -84,12 +105,10 @@ def connection_arguments(url: str) -> tuple[str, int | None]:
 
     base, query = _split(url)
     prepare_threshold: int | None = 5  # psycopg's own default
-    kept = []
     for name, value in query:
         if name == _PREPARE_THRESHOLD:
             prepare_threshold = _prepare_threshold(value)
-        else:
-            kept.append((name, value))
+    kept = [(name, value) for name, value in query if name not in _MEMENGINE_PARAMETERS]
     parameters = conninfo_to_dict(_join(base, kept))
     for name, value in DEFAULT_PARAMETERS.items():
         if name not in parameters and not os.environ.get(_ENVIRONMENT.get(name, "")):
@@ -97,6 +116,28 @@ def connection_arguments(url: str) -> tuple[str, int | None]:
     options = str(parameters["options"]) if "options" in parameters else os.environ.get("PGOPTIONS", "")
     parameters["options"] = with_settings(options, DEFAULT_SETTINGS)
     return make_conninfo("", **parameters), prepare_threshold
+
+
+def reply_timeout(url: str, conninfo: str | None = None) -> float | None:
+    """Seconds a connection for ``url`` waits for the server without a byte from it; None: for ever.
+
+    ``conninfo`` is ``url``'s conninfo string, if already made (see :func:`connection_arguments`).
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = [value for name, value in _split(url)[1] if name == _REPLY_TIMEOUT]
+    if given:
+        return _reply_timeout(given[-1])
+    if conninfo is None:
+        conninfo = connection_arguments(url)[0]
+    options = str(conninfo_to_dict(conninfo).get("options", ""))
+    statement_timeout = next(
+        (_seconds(_setting_value(token)) for token in _tokens(options) if _setting_name(token) == "statement_timeout"),
+        None,
+    )
+    if statement_timeout == 0:
+        return None  # statements may run for ever: so may the wait for their answer
+    return (statement_timeout or float(DEFAULT_SETTINGS["statement_timeout"].rstrip("s"))) + REPLY_MARGIN
 
 
 def pinned(url: str, schema: str) -> str:
@@ -159,6 +200,30 @@ def _prepare_threshold(value: str) -> int | None:
     if threshold < 0:
         raise StoreError(f"prepare_threshold in the URL must be a number of runs or 'none', not {value!r}")
     return threshold
+
+
+def _reply_timeout(value: str) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise StoreError(f"reply_timeout in the URL must be a number of seconds (0: no bound), not {value!r}")
+    return None if seconds == 0 else seconds
+
+
+def _seconds(value: str) -> float | None:
+    """A PostgreSQL time setting (``60s``, ``1min``, ``500`` ms) in seconds; None if it cannot be read."""
+    match = _TIME_VALUE.fullmatch(value)
+    if match is None or match[2].lower() not in _TIME_UNITS:
+        return None
+    return float(match[1]) * _TIME_UNITS[match[2].lower()]
+
+
+def _setting_value(token: str) -> str:
+    """The value a ``-c name=value`` (or ``--name=value``) token of ``options`` sets, unescaped."""
+    value = token.partition("=")[2]
+    return re.sub(r"\\(.)", r"\1", value)
 
 
 def _split(url: str) -> tuple[str, list[tuple[str, str]]]:

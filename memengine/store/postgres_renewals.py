@@ -27,6 +27,7 @@ import anyio
 from ..errors import EngineClosedError, StoreError
 from . import leases
 from .dialect import Db, Dialect
+from .postgres_replies import give_up
 
 log = logging.getLogger("memengine.store")
 
@@ -80,13 +81,17 @@ class RenewalConnection:
                 if left_behind:
                     self._close_connection()
 
-    def close(self) -> None:
-        """Close the connection (in a thread), after a renewal in progress, or leave that renewal behind."""
-        acquired = self._lock.acquire(timeout=_CLOSE_WAIT)
+    def close(self, wait: float = _CLOSE_WAIT) -> None:
+        """Close the connection (in a thread), after a renewal in progress (``wait`` seconds at most).
+
+        A renewal that does not return in time is left behind: it closes the connection when it returns.
+        """
+        acquired = self._lock.acquire(timeout=max(wait, 0.0))
         with self._state:
             self._closed = True
         if not acquired and not self._lock.acquire(blocking=False):
             log.error("a lease renewal did not return in time; leaving it behind")
+            give_up(self._conn)
             return
         try:
             self._close_connection()

@@ -37,7 +37,7 @@ RECALL_INDEX_EVERY = 2000
 RECALL_CATCH_UP_STEP = 2 * RECALL_INDEX_EVERY  # rows indexed in one transaction, at most
 
 
-#: Seconds a write waits for another process's write lock before it fails.
+#: Seconds a write waits for another process's write lock before it fails (default of ``busy_timeout``).
 BUSY_TIMEOUT = 10.0
 #: Milliseconds SQLite itself waits for a lock per attempt; between attempts the store checks whether it is closing.
 _BUSY_SLICE_MS = 100
@@ -53,6 +53,7 @@ class SQLiteStore(GroupCommitStore):
         self._path: str | None = None  # the file, for the liveness lock beside it
         self._checkpointer: Checkpointer | None = None  # for a file (not ":memory:")
         self._unindexed = 0  # about how many episodes wait for recall's index (as this process saw them)
+        self._busy_timeout = BUSY_TIMEOUT
 
     async def _side_work(self) -> None:
         if self._checkpointer is not None:
@@ -72,7 +73,7 @@ class SQLiteStore(GroupCommitStore):
     def _begin(self, db: Db) -> None:
         # Take the write lock now, waiting for another process's transaction in
         # short slices, so that a store being closed stops waiting at once.
-        deadline = time.monotonic() + BUSY_TIMEOUT
+        deadline = time.monotonic() + self._busy_timeout
         while True:
             try:
                 db.execute("BEGIN IMMEDIATE")
@@ -154,10 +155,10 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
     return "locked" in message or "busy" in message
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def _connect(path: str, busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     # First, so that every later statement waits for another process's lock rather than failing.
-    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)}")
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     if path != ":memory:":
         # Switching a new file to WAL can meet another process doing the same; SQLite then
         # reports "locked" at once, without the busy timeout: wait for it here instead.
@@ -181,12 +182,17 @@ async def open_sqlite_store(
     synchronous: str = "NORMAL",
     owner: str | None = None,
     read_only: bool = False,
+    busy_timeout: float = BUSY_TIMEOUT,
 ) -> AsyncIterator[SQLiteStore]:
     """Open (creating and migrating if needed) a SQLite store for the block's duration.
 
     ``synchronous`` is SQLite's ``PRAGMA synchronous`` in WAL mode: ``"NORMAL"``
     keeps every acknowledged write across a crash of the process (kill -9);
     ``"FULL"`` also across a power loss, at the cost of an fsync per commit.
+
+    ``busy_timeout`` is how many seconds a write waits for the write lock
+    another process holds (a long transaction, a backup) before it fails
+    with :class:`StoreError`, nothing of it stored.
 
     ``read_only`` opens an existing store for reading only (see
     sqlite_readonly.py): no file is created, no table added, nothing written.
@@ -197,6 +203,10 @@ async def open_sqlite_store(
     """
     if synchronous not in ("NORMAL", "FULL"):
         raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+    if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)):
+        raise TypeError(f"busy_timeout must be a number of seconds, not {type(busy_timeout).__name__}")
+    if not 0 <= busy_timeout < math.inf:
+        raise ValueError(f"busy_timeout must be >= 0 seconds, not {busy_timeout!r}")
     path = os.fspath(path)
     if not path:
         raise ValueError("the SQLite path must not be empty (use ':memory:' for a private in-memory store)")
@@ -205,7 +215,7 @@ async def open_sqlite_store(
             yield store
         return
     try:
-        conn = await anyio.to_thread.run_sync(_connect, path)
+        conn = await anyio.to_thread.run_sync(_connect, path, busy_timeout)
     except sqlite3.Error as exc:
         raise sqlite_open_failed(path, exc) from exc
 
@@ -216,7 +226,7 @@ async def open_sqlite_store(
             # From now on the store waits for locks in slices (see SQLiteStore._begin).
             conn.execute(f"PRAGMA busy_timeout = {_BUSY_SLICE_MS}")
             if path != ":memory:":  # a second connection to ":memory:" would be another, empty database
-                reader = _connect(path)
+                reader = _connect(path, busy_timeout)
                 reader.execute("PRAGMA query_only = ON")
                 store._reader = reader
                 # Checkpoints run beside the commits, not in them (sqlite_checkpoints.py).
@@ -228,6 +238,7 @@ async def open_sqlite_store(
             raise sqlite_open_failed(path, exc) from driver_error(exc)
 
     store = SQLiteStore(conn, owner)
+    store._busy_timeout = busy_timeout
     store._path = path
     store.location = path
 
