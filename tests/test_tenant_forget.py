@@ -323,3 +323,24 @@ async def test_a_prefix_reaches_exactly_its_ids_whatever_its_last_character(stor
         assert (await engine.forget(prefix=f"x{last}")).sessions == len(inside)
         left = [r["session_id"] async for r in engine.export(prefix="x") if r["type"] == "session"]
         assert sorted(left) == sorted(i for i in outside if i.startswith("x"))
+
+
+async def test_a_session_id_used_again_after_its_forget_gets_keys_its_sink_never_saw(store_url, rows) -> None:
+    """A sink that drops keys it has seen must not drop a second life's batches (seqs start at 1 again)."""
+    sink = ForgettingSink()
+    config = SessionConfig(retain_every=2, passivate_after=None)
+    async with open_engine(store_url, config=config, retain_sink=sink, retain_grace=0) as engine:
+        session = engine.session("kim/chat")
+        for life, calls in (("first", 3), ("second", 6)):
+            added = await session.add([Episode("user", f"{life} life {n}") for n in range(2)])
+            assert [episode.seq for episode in added] == [1, 2]
+            await sink.wait_for(calls // 3)
+            await session.delete_episodes([1])  # a forget of seq 1
+            await engine.forget(tenant="kim")  # a forget of the whole session
+            with anyio.fail_after(10):
+                await sink.wait_for_calls(calls)
+            await engine.forget(tenant="kim")  # what waited for the sink goes too
+            assert traces(rows, "kim/") == {}
+    assert sink.calls_made == [("retain", (1, 2)), ("forget", (1,)), ("forget", None)] * 2
+    keys = [batch.key for batch in sink.batches] + [request.key for request in sink.forgets]
+    assert len(set(keys)) == 6, keys

@@ -12,15 +12,26 @@ from ..episode import Episode
 RetainMode = Literal["append", "replace"]
 
 
-def retain_key(session_id: str, first_seq: int, last_seq: int, mode: RetainMode) -> str:
-    """A stable idempotency key for one batch: the same session, range and mode give the same key."""
-    digest = hashlib.sha256(f"{mode}\x00{session_id}\x00{first_seq}\x00{last_seq}".encode()).hexdigest()
+def retain_key(session_id: str, first_seq: int, last_seq: int, mode: RetainMode, lease_token: int | None = None) -> str:
+    """A stable idempotency key for one batch: the same session, range and mode give the same key.
+
+    The outbox also names the session's lease token when the batch was recorded
+    (see store/outbox.py): a session id erased by ``engine.forget`` and used
+    again starts at seq 1 again, and its batches must not repeat the keys of
+    the first one's. The key is stored with the batch, so redelivery reuses it.
+    """
+    life = "" if lease_token is None else f"\x00{lease_token}"
+    digest = hashlib.sha256(f"{mode}\x00{session_id}\x00{first_seq}\x00{last_seq}{life}".encode()).hexdigest()
     return f"memengine-{digest[:32]}"
 
 
-def forget_key(session_id: str, generation: int) -> str:
-    """A stable idempotency key for one forget: the delete or clear that made the session's ``generation``."""
-    digest = hashlib.sha256(f"forget\x00{session_id}\x00{generation}".encode()).hexdigest()
+def forget_key(session_id: str, generation: int, lease_token: int | None = None) -> str:
+    """A stable idempotency key for one forget: the delete or clear that made the session's ``generation``.
+
+    With the lease token of the delete or clear, as for :func:`retain_key`.
+    """
+    life = "" if lease_token is None else f"\x00{lease_token}"
+    digest = hashlib.sha256(f"forget\x00{session_id}\x00{generation}{life}".encode()).hexdigest()
     return f"memengine-{digest[:32]}"
 
 
@@ -31,8 +42,9 @@ class RetainBatch:
     In ``"append"`` mode ``episodes`` are the new episodes ``first_seq..last_seq``
     only; in ``"replace"`` mode they are the whole live session up to
     ``last_seq`` (``first_seq`` is then its first live seq), for sinks whose
-    write replaces a document. ``key`` is stable for the same session, range
-    and mode: a sink may use it to drop a batch it has already stored.
+    write replaces a document. ``key`` is stable for the batch (recorded with
+    it; see :func:`retain_key`), and no other batch of the store ever has it:
+    a sink may use it to drop a batch it has already stored.
     """
 
     session_id: str

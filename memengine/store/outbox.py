@@ -101,7 +101,7 @@ def enqueue(
             first_seq,
             last_seq,
             mode,
-            retain_key(session_id, first_seq, last_seq, mode),
+            retain_key(session_id, first_seq, last_seq, mode, _lease_token(db, session_id, token)),
             _payload(rows),
             now,
         ),
@@ -163,11 +163,24 @@ def record_forget(db: Db, session_id: str, seqs: Sequence[int] | None, through_s
             session_id,
             0 if seqs is None else min(seqs),
             through_seq,
-            forget_key(session_id, generation),
+            forget_key(session_id, generation, _lease_token(db, session_id, None)),
             time.time(),
             None if seqs is None else json.dumps(sorted(seqs)),
         ),
     )
+
+
+def _lease_token(db: Db, session_id: str, token: int | None) -> int:
+    """The session's lease token (``token`` if the caller holds it): part of the keys recorded now.
+
+    Tokens only grow for a session id, across its erasure too (the token floor,
+    store/leases.py), while its seqs and generation start again: with the token,
+    the keys of a session id used again differ from those of its earlier life.
+    """
+    if token is not None:
+        return token
+    row = db.execute("SELECT token FROM session_leases WHERE session_id = ?", (session_id,)).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def drop_session(db: Db, session_id: str) -> None:
