@@ -244,14 +244,24 @@ def _while_unconfigured(trace: Any, metrics: Any) -> Callable[[], bool] | None:
     and measurements through them go nowhere, but building them costs each
     operation a few microseconds. Checked at every operation, not only at
     open, so that a provider configured after the engine opened is used.
+
+    The check reads the API's own globals: its public getters look at
+    ``os.environ`` on every call while unset, which costs more than the
+    operation it would save. Where those globals are not found (another
+    version of the API), operations are always recorded, as before.
     """
-    unset_tracers = trace.get_tracer_provider()
-    unset_meters = metrics.get_meter_provider()
-    if not isinstance(unset_tracers, trace.ProxyTracerProvider) or type(unset_meters).__name__ != "_ProxyMeterProvider":
+    import opentelemetry.metrics._internal as metrics_state
+
+    if (
+        not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        or type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
+        or getattr(trace, "_TRACER_PROVIDER", ...) is not None
+        or getattr(metrics_state, "_METER_PROVIDER", ...) is not None
+    ):
         return None  # configured already (or an API we do not know): always record
 
     def unconfigured() -> bool:
-        return trace.get_tracer_provider() is unset_tracers and metrics.get_meter_provider() is unset_meters
+        return trace._TRACER_PROVIDER is None and metrics_state._METER_PROVIDER is None  # type: ignore[no-any-return]
 
     return unconfigured
 
