@@ -250,7 +250,10 @@ def _while_unconfigured(trace: Any, metrics: Any) -> Callable[[], bool] | None:
     operation it would save. Where those globals are not found (another
     version of the API), operations are always recorded, as before.
     """
-    import opentelemetry.metrics._internal as metrics_state
+    try:
+        import opentelemetry.metrics._internal as metrics_state
+    except ImportError:
+        return None
 
     if (
         not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
