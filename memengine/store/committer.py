@@ -540,9 +540,7 @@ class GroupCommitStore:
             held.append((session_id, token))
             if first_seq == 1:
                 first_appends.append(session_id)
-            rows.extend(
-                journal.episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq)
-            )
+            rows += [journal.episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq)]
         db.execute("SAVEPOINT appends")
         try:
             all_new = leases.all_held(db, held) and self._insert_new_episodes(db, first_appends, rows)
