@@ -130,12 +130,41 @@ class Operation:
             pass
 
 
+class _NoOperation(Operation):
+    """What :meth:`Telemetry.operation` returns while nothing would be recorded: does nothing, costs nothing."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        pass
+
+    def count(self, records: int) -> None:
+        pass
+
+    def content(self, attribute: str, text: Callable[[], object]) -> None:
+        pass
+
+    def __enter__(self) -> Operation:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        pass
+
+
+_NO_OPERATION = _NoOperation()
+
+
 class Telemetry:
     """An engine's tracer and meter, or nothing when opentelemetry is not installed."""
 
     def __init__(self, tracer: Any = None, meter: Any = None, capture_content: bool = False) -> None:
         self._tracer = tracer
         self._meter = meter
+        # Set when the engine uses the global providers and none was configured yet: then nothing
+        # is recorded (the API's proxies drop everything) until the application configures one.
+        self._unconfigured: Callable[[], bool] | None = None
         self.capture_content = capture_content
         self.duration: Any = None
         self.client_kind: Any = None
@@ -172,9 +201,16 @@ class Telemetry:
         telemetry._meter_provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         telemetry._api = (context, trace)
         telemetry.client_kind = trace.SpanKind.CLIENT
+        if tracer_provider is None and meter_provider is None:
+            telemetry._unconfigured = _while_unconfigured(trace, metrics)
         return telemetry
 
     def operation(self, operation_name: str, method: str, session_id: str | None = None) -> Operation:
+        """A traced operation; a no-op without opentelemetry, or while no provider is configured."""
+        if self._tracer is None and self._meter is None:
+            return _NO_OPERATION
+        if self._unconfigured is not None and self._unconfigured():
+            return _NO_OPERATION
         return Operation(self, operation_name, method, session_id)
 
     def start_span(self, name: str, kind: Any, attributes: dict[str, Any]) -> Any:
@@ -200,6 +236,38 @@ class Telemetry:
         """Show ``engine``'s figures in the gauges of this meter provider, while it is open."""
         if self._meter is not None:
             _gauges_of(self._meter_provider, self._meter).engines.add(engine)
+
+
+def _while_unconfigured(trace: Any, metrics: Any) -> Callable[[], bool] | None:
+    """A check that the global providers are still the API's defaults, which record nothing; None if not now.
+
+    Until the application sets a provider, the API hands out proxies: spans
+    and measurements through them go nowhere, but building them costs each
+    operation a few microseconds. Checked at every operation, not only at
+    open, so that a provider configured after the engine opened is used.
+
+    The check reads the API's own globals: its public getters look at
+    ``os.environ`` on every call while unset, which costs more than the
+    operation it would save. Where those globals are not found (another
+    version of the API), operations are always recorded, as before.
+    """
+    try:
+        import opentelemetry.metrics._internal as metrics_state
+    except ImportError:
+        return None
+
+    if (
+        not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        or type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
+        or getattr(trace, "_TRACER_PROVIDER", ...) is not None
+        or getattr(metrics_state, "_METER_PROVIDER", ...) is not None
+    ):
+        return None  # configured already (or an API we do not know): always record
+
+    def unconfigured() -> bool:
+        return trace._TRACER_PROVIDER is None and metrics_state._METER_PROVIDER is None  # type: ignore[no-any-return]
+
+    return unconfigured
 
 
 class Observed(Protocol):

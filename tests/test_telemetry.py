@@ -5,6 +5,7 @@ Each test passes its own providers to open_engine, so nothing global is set.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -385,3 +386,18 @@ async def test_a_meter_provider_without_weak_references_gets_its_gauges_once(tmp
         async with open_engine(tmp_path / name, meter_provider=provider) as engine:
             await engine.session("s1").add(turns(1))
             assert telemetry.gauge("memengine.sessions.active") == 1
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_global_providers_configured_after_the_engine_opened_are_used_from_then_on(tmp_path, backend) -> None:
+    # Until a provider is configured, operations record nothing (and cost nothing); from then on, they do.
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.telemetry_late_worker", str(tmp_path / "memory.db"), backend],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(done.stdout)
+    assert seen["spans"] == ["create_memory add"]
+    assert seen["measured"] == [["add", 1]]

@@ -24,7 +24,7 @@ class Reply(Generic[T]):
     summary) lets it go at once.
     """
 
-    __slots__ = ("_done", "_error", "_on_abandon", "_value", "abandoned")
+    __slots__ = ("_answered", "_done", "_error", "_on_abandon", "_value", "abandoned")
 
     def __init__(self) -> None:
         self._done = anyio.Event()
@@ -32,19 +32,22 @@ class Reply(Generic[T]):
         self._error: BaseException | None = None
         self._on_abandon: Callable[[], object] | None = None
         self.abandoned = False
+        self._answered = False  # a plain flag: asked on every answer, cheaper than the event
 
     @property
     def answered(self) -> bool:
-        return self._done.is_set()
+        return self._answered
 
     def set(self, value: T) -> None:
-        if not self._done.is_set():
+        if not self._answered:
+            self._answered = True
             self._value = value
             self._on_abandon = None
             self._done.set()
 
     def fail(self, error: BaseException) -> None:
-        if not self._done.is_set():
+        if not self._answered:
+            self._answered = True
             self._error = error
             self._on_abandon = None
             self._done.set()
@@ -61,7 +64,7 @@ class Reply(Generic[T]):
         try:
             await self._done.wait()
         except BaseException:
-            if not self._done.is_set():
+            if not self._answered:
                 self.abandoned = True
                 callback, self._on_abandon = self._on_abandon, None
                 if callback is not None:

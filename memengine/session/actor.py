@@ -353,7 +353,8 @@ class SessionActor:
     async def _on_add(self, message: AddEpisodes) -> None:
         # The handler does not wait for the commit, so the actor goes on with
         # its mailbox; a second append waits for the first, whose seqs it follows.
-        await self._settle_append()
+        if self._append_in_flight or self._given_up is not None:  # (the usual add skips a coroutine)
+            await self._settle_append()
         # No await from here on: the adds taken out of the mailbox are owned by the append's completion.
         batch = AddBatch.gather(message, self.mailbox)
         try:
@@ -399,7 +400,7 @@ class SessionActor:
             self._keep_boundary()
         # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
         for message, own in batch.split(results):
-            self._answer(message, tuple(episode for episode, _ in own))
+            self._answer(message, tuple([episode for episode, _ in own]))
         if new:
             self._dispatch_summary()
             if self._retain is not None:

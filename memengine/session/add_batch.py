@@ -73,6 +73,10 @@ class AddBatch:
 
     def split(self, results: AppendResult) -> Iterator[tuple[AddEpisodes, AppendResult]]:
         """Each add with the results of its own episodes."""
+        if len(self.messages) == 1:
+            assert len(self.messages[0].episodes) == len(results), (len(self.messages[0].episodes), len(results))
+            yield self.messages[0], results
+            return
         start = 0
         for message in self.messages:
             end = start + len(message.episodes)

@@ -36,7 +36,7 @@ import attrs
 from ..config import SessionConfig
 from ..episode import Episode
 from ..tokens import Tokenizer, checked, estimate_tokens
-from ..tool_calls import ToolLinks, tool_links
+from ..tool_calls import NO_LINKS, ToolLinks, tool_links
 
 log = logging.getLogger("memengine.session")
 
@@ -163,9 +163,9 @@ class RawWindow:
     def append(self, episodes: Iterable[Episode]) -> None:
         """Add new episodes at the end, one at a time, evicting by the rules above."""
         for episode in episodes:
-            self._enter(episode)
+            links = self._enter(episode)
             index = len(self.raw) - 1
-            must = index + 1 if self._orphaned(index, self.evicted) else 0
+            must = index + 1 if links.results and self._orphaned(index, self.evicted) else 0
             if not self._fits(self._budget):
                 self._evict(self._chunk_start(), must)
             elif must:
@@ -254,10 +254,10 @@ class RawWindow:
 
     # -- internals ------------------------------------------------------------
 
-    def _enter(self, episode: Episode) -> None:
+    def _enter(self, episode: Episode) -> ToolLinks:
         chars = len(episode.content)
         tokens = self._count_tokens(episode.content) if self._eager_tokens else 0  # 0: no bound needs it yet
-        links = tool_links(episode.metadata)
+        links = tool_links(episode.metadata) if episode.metadata else NO_LINKS  # most episodes have none
         position = self._base + len(self.raw)
         self.raw.append(episode)
         self._sizes.append((chars, tokens))
@@ -274,6 +274,7 @@ class RawWindow:
             self._result_at[call_id] = position
         self._window_chars += chars
         self._window_tokens += tokens
+        return links
 
     def _fits(self, budget: Budget) -> bool:
         return budget.holds(len(self.raw) - self.evicted, self._window_chars, self._window_tokens)

@@ -555,9 +555,7 @@ class GroupCommitStore:
             held.append((session_id, token))
             if first_seq == 1:
                 first_appends.append(session_id)
-            rows.extend(
-                journal.episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq)
-            )
+            rows += [journal.episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq)]
         db.execute("SAVEPOINT appends")
         try:
             all_new = leases.all_held(db, held) and self._insert_new_episodes(db, first_appends, rows)
@@ -805,7 +803,7 @@ class GroupCommitStore:
     def submit_append(
         self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
     ) -> None:
-        chars = sum(len(e.content) for e in episodes)
+        chars = sum([len(e.content) for e in episodes])
         if len(episodes) > TRANSACTION_ROWS or chars > TRANSACTION_CHARS:
             _AppendInParts(self, session_id, token, first_seq, episodes, done).start()
             return

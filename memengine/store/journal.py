@@ -40,7 +40,7 @@ def episode_row(session_id: str, seq: int, episode: Episode) -> tuple[str, int, 
 
 def appended(first_seq: int, episodes: Sequence[Episode]) -> AppendResult:
     """The result of an append that found none of its ids already stored."""
-    return tuple((with_seq(episode, seq), True) for seq, episode in enumerate(episodes, first_seq))
+    return tuple([(with_seq(episode, seq), True) for seq, episode in enumerate(episodes, first_seq)])
 
 
 def append(db: Db, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode]) -> AppendResult:
