@@ -39,8 +39,9 @@ GUARD = 30
 class SlowWrites:
     """Wraps the store's connection: slows statements inserting episodes; fails one that holds ``poison``."""
 
-    def __init__(self, conn: Any, per_row: float, poison: str | None = None) -> None:
+    def __init__(self, conn: Any, error: type[BaseException], per_row: float, poison: str | None = None) -> None:
         self._conn = conn
+        self._error = error  # the driver's own error (sqlite3.Error, psycopg.Error)
         self.per_row = per_row
         self.poison = poison
 
@@ -49,17 +50,7 @@ class SlowWrites:
             return
         time.sleep(self.per_row * len(rows))
         if self.poison is not None and any(self.poison in str(value) for row in rows for value in row):
-            raise self._conn_error("disk I/O error (injected)")
-
-    def _conn_error(self, message: str) -> BaseException:
-        errors = type(self._conn).__module__
-        if errors.startswith("psycopg"):
-            import psycopg
-
-            return psycopg.OperationalError(message)
-        import sqlite3
-
-        return sqlite3.OperationalError(message)
+            raise self._error("disk I/O error (injected)")
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
         self._before(sql, [parameters])
@@ -75,7 +66,7 @@ class SlowWrites:
 
 
 def slow_down(engine, per_row: float, poison: str | None = None) -> SlowWrites:
-    slow = SlowWrites(engine.store._conn, per_row, poison)
+    slow = SlowWrites(engine.store._conn, engine.store._dialect.errors[0], per_row, poison)
     engine.store._conn = slow
     return slow
 
