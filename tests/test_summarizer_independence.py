@@ -5,9 +5,10 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from memengine import SessionConfig, open_engine
+from memengine import LeaseLostError, SessionConfig, open_engine
+from memengine.session.messages import SummaryStored
 
-from .fakes import GatedSummarizer, add_each, covered, turns
+from .fakes import GatedSummarizer, RecordingSummarizer, add_each, covered, turns
 
 pytestmark = pytest.mark.anyio
 
@@ -113,3 +114,43 @@ async def test_summaries_in_flight_are_capped_engine_wide(db_path) -> None:
             context = await engine.session(f"s{n}").context(wait_for_summary=True)
             assert covered(context.summary) == ["turn 1"]
         assert len(summarizer.calls) == 8
+
+
+async def test_a_summary_answered_in_the_moment_its_activation_stops_breaks_nothing(db_path) -> None:
+    """The child's answer and the activation's end land together: the session stops cleanly, nothing is lost.
+
+    The summary's store call returns in the very step the activation is given
+    up, so the child is already due to run with its answer when the actor
+    closes its mailbox. Repeated, since which of the two runs first is the
+    scheduler's choice.
+    """
+    for attempt in range(12):
+        session_id = f"s{attempt}"
+        async with open_engine(db_path, summarizer=RecordingSummarizer(), config=SMALL_WINDOW) as engine:
+            store = engine.store
+            real_store_summary = store.store_summary
+            gate, waiting = anyio.Event(), anyio.Event()
+
+            async def store_summary(*args, real=real_store_summary, gate=gate, waiting=waiting):
+                stored = await real(*args)
+                waiting.set()
+                await gate.wait()
+                return stored
+
+            store.store_summary = store_summary
+            session = engine.session(session_id)
+            await session.add(turns(6))  # evicts: a summary starts
+            with anyio.fail_after(10):
+                await waiting.wait()
+            actor = engine._actors[session_id]
+            actor._give_up(LeaseLostError("given up in the test"))  # the actor is due to stop...
+            gate.set()  # ...and the child is due to answer, in the same step
+            with anyio.fail_after(10):
+                while engine.is_active(session_id):  # noqa: ASYNC110 - what a user can observe
+                    await anyio.sleep(0.01)
+            store.store_summary = real_store_summary
+            # Whichever ran first, the child's answer to a stopped activation is dropped, not raised into
+            # the session's task group (as a CI run once saw: MailboxClosed, and the session failed).
+            actor._child._acknowledge(SummaryStored(0, 3, "late", True))
+            context = await session.context(wait_for_summary=True)  # a new activation, from the store
+            assert covered(context.summary) + [e.content for e in context.episodes] == [e.content for e in turns(6)]

@@ -115,7 +115,7 @@ class SessionActor:
             services.store,
             config,
             services.summary_slots,
-            self.mailbox.put,
+            self._summary_answered,
             services.telemetry,
         )
         self._count_tokens = tokenizer_of(config, session_id)
@@ -193,6 +193,19 @@ class SessionActor:
             # Whatever ended the activation (passivation, shutdown, a bug), no
             # caller is left waiting on it.
             self._stop(stop_error)
+
+    def _summary_answered(self, message: SummaryStored | SummaryFailed) -> None:
+        """The summarizer child's answer, queued for the actor; dropped if this activation has stopped.
+
+        The child may finish a batch in the same moment the activation stops
+        (its task was ready to run when the actor closed the mailbox, before
+        the cancellation reached it). Nothing is lost: a stored summary is in
+        the store, where the next activation loads it from.
+        """
+        try:
+            self.mailbox.put(message)
+        except MailboxClosed:
+            log.debug("session %r: a summarizer answer arrived after the activation stopped", self.session_id)
 
     def _give_up(self, error: BaseException) -> None:
         """This activation may no longer hold the store's truth (a stale lease, a commit in doubt): stop.
