@@ -84,8 +84,15 @@ CONFIG = SessionConfig(
 )
 
 
+_EMITTING = threading.Lock()
+
+
 def emit(**record: Any) -> None:
-    print(json.dumps(record), flush=True)
+    """One JSON line on stdout, written whole: records printed from the store's threads never interleave."""
+    line = json.dumps(record) + "\n"
+    with _EMITTING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 TAG = "#by="
