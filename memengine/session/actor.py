@@ -39,7 +39,6 @@ from ..errors import (
     SummaryError,
     UncertainCommitError,
 )
-from ..replay import MessageRecorder
 from ..store.base import AppendResult, SessionSnapshot, SetAside, Store
 from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
@@ -62,6 +61,7 @@ from .messages import (
     SummaryStored,
     Tick,
 )
+from .recording import MessageRecorder
 from .retain_flush import RetainFlush, RetainPlan
 from .summary import SessionSummary
 from .waiting_reads import WaitingReads
