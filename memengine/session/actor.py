@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -30,21 +29,13 @@ import attrs
 from ..actor.mailbox import Mailbox, MailboxClosed
 from ..config import SessionConfig
 from ..context import Context
-from ..errors import (
-    EngineClosedError,
-    LeaseLostError,
-    MemEngineError,
-    SessionBusyError,
-    StoreError,
-    SummaryError,
-    UncertainCommitError,
-)
-from ..store.base import AppendResult, SessionSnapshot, SetAside, Store
+from ..errors import EngineClosedError, LeaseLostError, MemEngineError, SessionBusyError, StoreError
+from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry
 from .add_batch import AddBatch
-from .lease import SessionLease
+from .lease import SessionLease, means_reload
 from .messages import (
     AddEpisodes,
     ClearSession,
@@ -64,6 +55,7 @@ from .messages import (
 from .recording import MessageRecorder
 from .retain_flush import RetainFlush, RetainPlan
 from .summary import SessionSummary
+from .summary_results import SummaryResults, set_aside_error
 from .waiting_reads import WaitingReads
 from .window import Budget, RawWindow, tokenizer_of
 
@@ -85,11 +77,6 @@ class SessionServices:
 
 class _HandOn(Exception):
     """The message was not handled: the session was given up meanwhile, and a new activation takes it."""
-
-
-def _means_reload(error: BaseException | None) -> bool:
-    """Whether this activation's memory may no longer be the store's after ``error``."""
-    return isinstance(error, LeaseLostError | UncertainCommitError)
 
 
 class SessionActor:
@@ -135,6 +122,9 @@ class SessionActor:
             config.evict_to,
             self._count_tokens,
             eager_tokens=config.max_tokens is not None or config.summarize_input_max_tokens is not None,
+        )
+        self._summary_results = SummaryResults(
+            session_id, services.store, config, self._summary, self._window, self._lease, self._give_up
         )
         self._stored_boundary = 0  # the eviction boundary the store holds (see _keep_boundary)
         # Set once this activation may no longer hold the store's truth.
@@ -278,7 +268,7 @@ class SessionActor:
                     try:
                         await self._retain.flush()  # a boundary: hand on the partial batch first
                     except Exception as exc:
-                        if _means_reload(exc):
+                        if means_reload(exc):
                             self._give_up(exc)
                             return
                         # Stay active and try again at the next idle period or close.
@@ -311,7 +301,7 @@ class SessionActor:
             case Tick():
                 self._on_tick(message)
                 if self._summary.set_aside is not None:
-                    await self._recheck_set_aside()
+                    await self._summary_results.recheck_set_aside()
                 return
             case HandOver():
                 self._idle_expired = True  # passivates once nothing is in flight (_may_passivate)
@@ -344,7 +334,7 @@ class SessionActor:
             self._not_handled.append(message)
         except Exception as exc:
             # The operation failed (the store rolled it back, or its outcome is in doubt): tell its caller.
-            if _means_reload(exc):
+            if means_reload(exc):
                 self._give_up(exc)
                 if self._handed_on_if_abandoned(message):
                     return
@@ -383,7 +373,7 @@ class SessionActor:
         if settled is not None:
             settled.set()
         if error is not None or results is None:
-            reload = _means_reload(error)
+            reload = means_reload(error)
             if reload:
                 # Either way this activation's state may no longer be the store's: let it go,
                 # before a handler waiting for this append runs on it.
@@ -416,7 +406,7 @@ class SessionActor:
         await self._lease.ensure_valid()  # memory may be stale if another process took the session over
         evicted_through = self._window.evicted_through
         if message.wait_for_summary and evicted_through is not None and self._summary.set_aside is not None:
-            self._fail(message, self._set_aside_error(self._summary.set_aside))  # nothing to wait for
+            self._fail(message, set_aside_error(self.session_id, self._summary.set_aside))  # nothing to wait for
         elif message.wait_for_summary and evicted_through is not None:
             self._waiting.add(message, evicted_through)
         else:
@@ -471,104 +461,19 @@ class SessionActor:
             self._idle_expired = True
 
     def _on_summary_stored(self, message: SummaryStored) -> None:
-        if self._summary.stored(message, self._window, anyio.current_time()):
+        if self._summary_results.stored(message):
             self._answer_waiting_reads()
         self._dispatch_summary()
 
     async def _on_summary_failed(self, message: SummaryFailed) -> None:
-        if _means_reload(message.error):
-            self._give_up(message.error)
-            return
-        if not self._summary.failed(message, anyio.current_time()):
-            return
-        # The reads waiting now wait for these episodes: tell them, rather than keep them waiting.
-        if isinstance(message.error, StoreError):
-            what = f"storing the summary of the episodes up to seq {message.through_seq} failed"
-        else:
-            attempts = f"{message.attempts} attempt{'s' if message.attempts != 1 else ''}"
-            what = f"summarizing the episodes up to seq {message.through_seq} failed after {attempts}"
-        if self._summary.rounds_exhausted and await self._set_summary_aside(message):
-            error = self._set_aside_error(self._summary.set_aside)  # type: ignore[arg-type]
-        else:
-            error = SummaryError(
-                f"session {self.session_id!r}: {what} ({_one_line(message.error)}); they stay pending, shown raw, "
-                f"and are tried again in {self._config.summarize_retry_later:g} s"
-            )
-        for read in self._waiting.take_all():
-            self._fail(read, error)
-
-    async def _set_summary_aside(self, message: SummaryFailed) -> bool:
-        """Record the batch as set aside in the store, then here; True once it is (log at ERROR, once)."""
-        summary = self._summary
-        try:
-            recorded = await self._store.set_summary_aside(
-                self.session_id,
-                self._lease.current(),
-                summary.generation,
-                message.through_seq,
-                summary.failed_attempts,
-                _one_line(message.error),
-            )
-        except Exception as exc:
-            if _means_reload(exc):
-                self._give_up(exc)
-            else:
-                log.error("session %r: recording its set-aside summary batch failed (%s)", self.session_id, exc)
-            return False  # tried again next round, as before
-        if not recorded:
-            return False
-        first = summary.through + 1
-        summary.put_aside(
-            SetAside(
-                "summary",
-                self.session_id,
-                first,
-                message.through_seq,
-                summary.failed_attempts,
-                _one_line(message.error),
-                time.time(),
-            )
-        )
-        log.error(
-            "session %r: summarizing episodes %d..%d failed in %d round(s) in a row (%d attempts; last error %s); "
-            "set aside: they stay stored and shown raw, and nothing more is summarized for this session until "
-            "engine.retry_set_aside() or `memengine set-aside retry`",
-            self.session_id,
-            first,
-            message.through_seq,
-            summary.failed_rounds,
-            summary.failed_attempts,
-            _one_line(message.error),
-        )
-        return True
-
-    def _set_aside_error(self, record: SetAside) -> SummaryError:
-        return SummaryError(
-            f"session {self.session_id!r}: the summary of episodes {record.first_seq}..{record.last_seq} is set aside "
-            f"after {record.attempts} failed attempts (last error: {record.error}); they stay shown raw, and nothing "
-            "is summarized for this session until engine.retry_set_aside() or `memengine set-aside retry`"
-        )
-
-    async def _recheck_set_aside(self) -> None:
-        """At an idle tick: whether the store still holds the mark (``memengine set-aside retry`` lifts it there)."""
-        try:
-            current = await self._store.summary_set_aside(self.session_id)
-        except Exception as exc:
-            log.debug("session %r: reading its set-aside mark failed (%s)", self.session_id, exc)
-            return
-        if current is None and self._summary.set_aside is not None:
-            log.warning("session %r: its set-aside summary batch was lifted in the store; tried again", self.session_id)
-            self._summary.retry_now()
-            self._dispatch_summary()
+        error = await self._summary_results.failed(message)
+        if error is not None:
+            for read in self._waiting.take_all():
+                self._fail(read, error)
 
     async def _on_retry_summary(self, message: RetrySummary) -> None:
         await self._settle_append()
-        lifted = await self._store.lift_summary_set_aside(self.session_id, self._lease.current())
-        was_set_aside = self._summary.retry_now()
-        if lifted or was_set_aside:
-            log.warning("session %r: its set-aside summary batch is tried again", self.session_id)
-        self._dispatch_summary()
-        message.reply.set(lifted or was_set_aside)  # an operator's call: not recorded (see RetrySummary)
+        message.reply.set(await self._summary_results.retry())  # an operator's call: not recorded (see RetrySummary)
 
     # -- state ---------------------------------------------------------------
 
@@ -652,10 +557,6 @@ class SessionActor:
 def _eviction_recorded(result: object, error: BaseException | None) -> None:
     if error is not None:
         log.info("recording an eviction boundary failed (%s); the next activation applies the rules again", error)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(repr(error).split())
 
 
 def _unhandled(message: object) -> NoReturn:

@@ -22,6 +22,11 @@ from ..store.base import SessionSnapshot, Store
 log = logging.getLogger("memengine.session")
 
 
+def means_reload(error: BaseException | None) -> bool:
+    """Whether an activation's memory may no longer be the store's after ``error`` (then it gives the session up)."""
+    return isinstance(error, LeaseLostError | UncertainCommitError)
+
+
 class SessionLease:
     def __init__(self, session_id: str, store: Store, config: SessionConfig) -> None:
         self._session_id = session_id
