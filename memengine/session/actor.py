@@ -265,15 +265,11 @@ class SessionActor:
                 self._handling = None
             elif self._may_passivate():
                 if self._retain is not None and self._retain.has_unretained():
-                    try:
-                        await self._retain.flush()  # a boundary: hand on the partial batch first
-                    except Exception as exc:
-                        if means_reload(exc):
-                            self._give_up(exc)
+                    # A boundary: hand on the partial batch first.
+                    if not await self._retain.flush_before_passivating():
+                        if self._given_up is not None:
                             return
-                        # Stay active and try again at the next idle period or close.
-                        log.error("session %r: recording its retain batch failed (%s)", self.session_id, exc)
-                        self._idle_expired = self._close_requested = False
+                        self._idle_expired = self._close_requested = False  # stay active, try again later
                     continue  # messages may have arrived meanwhile
                 return  # no await since take(): nothing can have arrived
             elif self._summary.retry_at is None:
