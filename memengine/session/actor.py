@@ -160,14 +160,9 @@ class SessionActor:
         stop_error: MemEngineError = EngineClosedError("the engine closed before answering")
         try:
             try:
-                snapshot = await self._lease.acquire()
-            except SessionBusyError as busy:
-                stop_error = busy
-                return
-            except Exception as exc:
-                log.error("session %r could not be activated: %s", self.session_id, exc)
-                log.debug("session %r: activation failed", self.session_id, exc_info=exc)
-                stop_error = StoreError(f"session {self.session_id!r} could not be loaded: {exc}")
+                snapshot = await self._lease.activate()
+            except (SessionBusyError, StoreError) as error:
+                stop_error = error  # every message sent meanwhile is told
                 return
             async with anyio.create_task_group() as children:
                 children.start_soon(self._child.run)

@@ -16,7 +16,7 @@ import math
 import anyio
 
 from ..config import SessionConfig
-from ..errors import LeaseLostError, SessionBusyError, UncertainCommitError
+from ..errors import LeaseLostError, SessionBusyError, StoreError, UncertainCommitError
 from ..store.base import SessionSnapshot, Store
 
 log = logging.getLogger("memengine.session")
@@ -35,6 +35,22 @@ class SessionLease:
         #: The fencing token once the lease is taken.
         self.token: int | None = None
         self._valid_until = -math.inf  # by this process's clock, the lease is surely ours until then
+
+    async def activate(self) -> SessionSnapshot:
+        """:meth:`acquire`, its failures as the activation's callers are told them.
+
+        :class:`SessionBusyError` if another owner kept the session past
+        ``lease_wait``; any other failure is logged and raised as a
+        :class:`StoreError` naming the session.
+        """
+        try:
+            return await self.acquire()
+        except SessionBusyError:
+            raise
+        except Exception as exc:
+            log.error("session %r could not be activated: %s", self._session_id, exc)
+            log.debug("session %r: activation failed", self._session_id, exc_info=exc)
+            raise StoreError(f"session {self._session_id!r} could not be loaded: {exc}") from None
 
     async def acquire(self) -> SessionSnapshot:
         """Take the lease and load the session's state, waiting up to ``lease_wait`` for another owner."""
