@@ -35,6 +35,7 @@ from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry
 from .add_batch import AddBatch
+from .hand_on import HandOn, NotHandled
 from .lease import SessionLease, means_reload
 from .messages import (
     AddEpisodes,
@@ -75,10 +76,6 @@ class SessionServices:
     telemetry: Telemetry = NO_TELEMETRY
 
 
-class _HandOn(Exception):
-    """The message was not handled: the session was given up meanwhile, and a new activation takes it."""
-
-
 class SessionActor:
     def __init__(
         self,
@@ -94,7 +91,7 @@ class SessionActor:
         self._store = services.store
         self._recorder = services.recorder
         self._on_stop = on_stop
-        self._hand_on = hand_on
+        self._handing_on = HandOn(session_id, self.mailbox, hand_on)
         self._lease = SessionLease(session_id, services.store, config)
         self._child = SummarizerActor(
             session_id,
@@ -130,7 +127,6 @@ class SessionActor:
         # Set once this activation may no longer hold the store's truth.
         self._given_up: LeaseLostError | None = None
         self._handling: SessionMessage | None = None
-        self._not_handled: list[ClientMessage] = []  # for the next activation, before the mailbox's rest
         self._append_in_flight = False
         self._append_settled: anyio.Event | None = None  # made only when a handler must wait for it
         # Passivation: decided from the engine's ticks, so the hot path reads no clock.
@@ -206,11 +202,10 @@ class SessionActor:
         can reach this activation after the decision. Calling it again does nothing.
         """
         self._on_stop(self)
-        unanswered: list[Any] = [*self._not_handled, *self._waiting.take_all(), *self.mailbox.close()]
-        self._not_handled = []
-        if self._given_up is not None and self._hand_on is not None:
+        unanswered: list[Any] = [*self._handing_on.take_kept(), *self._waiting.take_all(), *self.mailbox.close()]
+        if self._given_up is not None:
             # Given up, not failed: what this activation never handled, a new one handles.
-            unanswered = [message for message in unanswered if not self._handed_on(message)]
+            unanswered = self._handing_on.pass_to_next(unanswered)
         if self._handling is not None:  # cancelled mid-handler
             unanswered.append(self._handling)
             self._handling = None
@@ -218,36 +213,6 @@ class SessionActor:
             reply = getattr(message, "reply", None)
             if reply is not None:
                 reply.fail(error)
-
-    def _handed_on(self, message: SessionMessage) -> bool:
-        """Give an unhandled client message to a new activation; False if that is not possible.
-
-        A write goes on even if its caller gave up waiting: it was sent, so it
-        is carried out (see :class:`~memengine.session.handle.Session`). Only a
-        read nobody waits for is dropped; it would change nothing.
-        """
-        reply = getattr(message, "reply", None)
-        if reply is None or (reply.abandoned and isinstance(message, ReadContext)):
-            return True  # the actor's own bookkeeping, or a read whose caller gave up: nothing to hand on
-        assert self._hand_on is not None
-        try:
-            self._hand_on(self.session_id, message)  # type: ignore[arg-type]
-        except MemEngineError:
-            return False  # the engine is closing: the caller gets the error
-        return True
-
-    def _handed_on_if_abandoned(self, message: ClientMessage) -> bool:
-        """After giving the session up over ``message``'s own write: hand it on if nobody waits for it.
-
-        It was sent, so it is carried out, by the next activation (a caller
-        still waiting is told the error instead, and may retry). Running a
-        write again is safe: an add is idempotent by episode id, a delete by
-        seq, and a clear leaves the same empty session.
-        """
-        if not message.reply.abandoned or isinstance(message, ReadContext) or self.mailbox.closed:
-            return False
-        self._not_handled.append(message)
-        return True
 
     async def _serve(self) -> None:
         while self._given_up is None:
@@ -321,13 +286,13 @@ class SessionActor:
                     await self._on_retry_summary(message)
                 case _:
                     _unhandled(message)
-        except _HandOn:
-            self._not_handled.append(message)
+        except NotHandled:
+            self._handing_on.keep(message)
         except Exception as exc:
             # The operation failed (the store rolled it back, or its outcome is in doubt): tell its caller.
             if means_reload(exc):
                 self._give_up(exc)
-                if self._handed_on_if_abandoned(message):
+                if self._handing_on.keep_if_abandoned(message):
                     return
             self._fail(message, exc)
 
@@ -370,7 +335,7 @@ class SessionActor:
                 # before a handler waiting for this append runs on it.
                 self._give_up(error)  # type: ignore[arg-type]
             for message in batch.messages:
-                if reload and self._handed_on_if_abandoned(message):
+                if reload and self._handing_on.keep_if_abandoned(message):
                     continue
                 self._fail(message, error or StoreError("the append was not stored"))
             return
@@ -507,7 +472,7 @@ class SessionActor:
                 self._append_settled = anyio.Event()
             await self._append_settled.wait()
         if self._given_up is not None:
-            raise _HandOn
+            raise NotHandled
 
     def _dispatch_summary(self) -> None:
         self._summary.dispatch(self._window, self._lease.current())
