@@ -4,15 +4,25 @@ It reads its mailbox and handles one message at a time, in arrival order; a
 handler awaits only the store, never the summarizer or a client. Reads are
 answered from memory. When the raw window overflows, evicted episodes go to the
 summarizer child (see summary.py); they stay visible raw until the child
-acknowledges a stored summary. The actor's collaborators each keep one
-concern: the lease (lease.py), the summary bookkeeping (summary.py), the reads
-waiting for a summary (waiting_reads.py) and the hand-off to the retain
-outbox (retain_flush.py).
+acknowledges a stored summary.
+
+:meth:`SessionActor._handle` is the one place that maps each message type to
+its handler. The client messages (add, read, delete, clear, forget, close,
+retry) and the engine's (tick, hand over) are handled here; the actor's
+collaborators each keep one concern, and get what they need when made:
+
+- the lease: taken, renewed, checked before reads (lease.py);
+- the summarizer child's reports and the set-aside mark (summary_results.py),
+  over the summary's bookkeeping (summary.py);
+- the reads waiting for a summary (waiting_reads.py);
+- the hand-off to the retain outbox, every ``retain_every`` episodes and at a
+  boundary (retain_flush.py);
+- the adds queued behind the append in flight (add_batch.py).
 
 An activation whose memory may no longer be the store's (its lease was lost,
 or a commit is in doubt) gives the session up at once: it answers nothing
 more, and the messages it had not handled go to a new activation, which loads
-the session from the store.
+the session from the store (hand_on.py).
 """
 
 from __future__ import annotations
@@ -255,12 +265,10 @@ class SessionActor:
                 await self._on_summary_failed(message)
                 return
             case Tick():
-                self._on_tick(message)
-                if self._summary.set_aside is not None:
-                    await self._summary_results.recheck_set_aside()
+                await self._on_tick(message)
                 return
             case HandOver():
-                self._idle_expired = True  # passivates once nothing is in flight (_may_passivate)
+                self._on_hand_over()
                 return
             case LeaseLost():
                 self._give_up(message.error)
@@ -408,13 +416,18 @@ class SessionActor:
         self._close_requested = True
         self._answer(message, None)
 
-    def _on_tick(self, message: Tick) -> None:
+    async def _on_tick(self, message: Tick) -> None:
         after = self._config.passivate_after
         if self._active_since_tick or self._quiet_since is None:
             self._active_since_tick = False
             self._quiet_since = message.now
         elif after is not None and message.now - self._quiet_since >= after:
             self._idle_expired = True
+        if self._summary.set_aside is not None:
+            await self._summary_results.recheck_set_aside()
+
+    def _on_hand_over(self) -> None:
+        self._idle_expired = True  # passivates once nothing is in flight (_may_passivate)
 
     def _on_summary_stored(self, message: SummaryStored) -> None:
         if self._summary_results.stored(message):

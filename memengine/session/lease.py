@@ -6,6 +6,10 @@ owner; every write carries the lease's fencing token; the engine renews every
 active lease every third of ``lease_ttl``. Reads are answered from memory only
 while the lease is known to be valid by this process's clock; otherwise it is
 renewed first, or the session is given up.
+
+:func:`means_reload` says which errors mean an activation's memory may no
+longer be the store's; the activation then gives the session up, and its
+unhandled messages go to a new activation (hand_on.py).
 """
 
 from __future__ import annotations

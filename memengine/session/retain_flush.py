@@ -3,8 +3,9 @@
 Batches are only *recorded* here (in the outbox, in the same transaction as
 the session's watermark); the delivery actor sends them. A full batch is
 recorded without waiting (its completion runs right after the commit); the
-partial batch at a boundary (close, passivation) is awaited. One outbox write
-of a session is in flight at a time.
+partial batch at a boundary (close, passivation) is awaited; a failure at
+passivation keeps the session active, to try again at the next boundary. One
+outbox write of a session is in flight at a time.
 """
 
 from __future__ import annotations
