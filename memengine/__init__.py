@@ -21,7 +21,7 @@ from .errors import (
     UncertainCommitError,
 )
 from .privacy.export import ExportStream
-from .privacy.forget import ForgetReport
+from .privacy.report import ForgetReport
 from .retain.batch import ForgetRequest, ForgettingSink, RetainBatch, RetainSink
 from .retain.delivery import RetainMetrics
 from .session.handle import Session

@@ -21,14 +21,14 @@ from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEng
 from .limits import MAX_OWNER_BYTES, MAX_RECALL_LIMIT, MAX_SESSION_ID_BYTES, require_int, require_text
 from .privacy import forget as forgetting
 from .privacy.export import ExportStream
-from .privacy.forget import ForgetReport
-from .replay import MessageRecorder
+from .privacy.report import ForgetReport
 from .retain.batch import RetainMode, RetainSink
 from .retain.delivery import RetainDelivery, RetainMetrics
 from .scope import Scope
 from .session.actor import SessionActor, SessionServices
 from .session.handle import Session
 from .session.messages import ClientMessage, ForgetSession, HandOver, LeaseLost, RetrySummary, Tick
+from .session.recording import MessageRecorder
 from .session.retain_flush import RetainPlan
 from .stats import EngineStats
 from .store.base import Erased, Recalled, SetAside, SetAsideCounts, Store
@@ -622,7 +622,7 @@ async def open_engine(
     :mod:`memengine.store.postgres_connection`).
 
     With ``record_to``, every message a session handles is appended to that
-    JSON-lines file (see :mod:`memengine.replay`); ``memengine replay`` plays
+    JSON-lines file (see :mod:`memengine.session.recording`); ``memengine replay`` plays
     such a log into a fresh store.
 
     With ``opentelemetry-api`` installed (the ``otel`` extra), the engine emits

@@ -11,7 +11,7 @@ import socket
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .privacy.forget import ForgetReport
+    from .privacy.report import ForgetReport
 
 
 class MemEngineError(Exception):

@@ -35,14 +35,13 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from .tool_calls import tool_links
 
 if TYPE_CHECKING:
-    from .context import Context
     from .episode import Episode
 
 __all__ = [
@@ -53,6 +52,20 @@ __all__ = [
     "to_openai_chat",
     "to_openai_responses",
 ]
+
+
+class Renderable(Protocol):
+    """What rendering reads of a :class:`~memengine.Context`: its summary and raw episodes.
+
+    (A protocol rather than the class, since ``Context``'s methods call this module.)
+    """
+
+    @property
+    def summary(self) -> str | None: ...
+
+    @property
+    def episodes(self) -> tuple[Episode, ...]: ...
+
 
 #: How the summary's system-level text begins.
 SUMMARY_PREFIX = "Summary of the conversation so far:\n"
@@ -107,7 +120,7 @@ def _passed_through(shape: _Shape, kind: str, called: set[str]) -> dict[str, Any
     return copy.deepcopy(shape.native)
 
 
-def to_openai_chat(context: Context) -> list[dict[str, Any]]:
+def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
     """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes."""
     messages: list[dict[str, Any]] = []
     if context.summary is not None:
@@ -140,7 +153,7 @@ def to_openai_chat(context: Context) -> list[dict[str, Any]]:
     return messages
 
 
-def to_openai_responses(context: Context) -> list[dict[str, Any]]:
+def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
     """OpenAI Responses ``input`` items: the summary as the first ``system`` message, then the episodes."""
     items: list[dict[str, Any]] = []
     if context.summary is not None:
@@ -166,7 +179,7 @@ def to_openai_responses(context: Context) -> list[dict[str, Any]]:
     return items
 
 
-def to_anthropic(context: Context) -> dict[str, Any]:
+def to_anthropic(context: Renderable) -> dict[str, Any]:
     """Anthropic Messages arguments ``{"system": ..., "messages": [...]}``: pass them as ``**kwargs``.
 
     ``system`` (left out when there is no system-level text) holds the

@@ -1,148 +1,41 @@
-"""Message recording and replay.
+"""Replaying recorded messages into an engine.
 
-An engine opened with ``record_to=PATH`` appends one JSON line per message a
-session handles, when it is answered::
-
-    {"session": "alice/chat-1", "type": "add",
-     "payload": {"episodes": [{"id": ..., "role": ..., "content": ..., "created_at": ..., "metadata": {}}]},
-     "outcome": {"seqs": [1]}}
-
-Types are ``add``, ``read``, ``delete``, ``clear`` and ``close``; a message that
-failed has ``"error"`` instead of ``"outcome"``. A read's outcome is the
-context's ``evicted_through``, ``summarized_through`` and the seqs of its raw
-episodes. Each engine that opens the log first writes what shapes the
-outcomes: its :class:`SessionConfig` (every field but the tokenizer, which is
-noted as ``"custom"`` when there is one) and its summarizer's class::
-
-    {"type": "engine", "config": {"max_episodes": 5, ...}, "tokenizer": null,
-     "summarizer": "memengine.summarizer.extractive.ExtractiveSummarizer"}
-
+An engine opened with ``record_to=PATH`` records every message its sessions
+handle (see :mod:`memengine.session.recording` for the record format).
 :func:`replay` feeds such a log into an engine on a fresh store (open it with
 :func:`recorded_config`'s config to reproduce the recording). It reproduces
 the same episodes and seqs, and the same summaries whenever the summarizer's
 result does not depend on how evictions were batched into calls. Tests can
 be written as logs.
 
-Recording writes and flushes a line per message on the event loop: a tool for
-tests and debugging, not for production throughput.
+This module drives an engine (it depends on :mod:`memengine.engine`); the
+engine and its sessions know only the recorder. ``MessageRecorder`` is
+importable from here too.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Callable, Iterator
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .config import SessionConfig
-from .context import Context
-from .episode import Episode
-from .session.messages import (
-    AddEpisodes,
-    ClearSession,
-    ClientMessage,
-    CloseSession,
-    DeleteEpisodes,
-    ForgetSession,
-    ReadContext,
-)
+from .session.recording import MessageRecorder, context_json, episode_from_json
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-log = logging.getLogger("memengine.replay")
-
-
-class MessageRecorder:
-    """Appends handled messages to a JSON-lines file.
-
-    Recording is a tool for tests and debugging: a write that fails (a full
-    disk) is logged once and recording stops; the engine goes on unharmed.
-    """
-
-    def __init__(
-        self, path: str | os.PathLike[str], *, config: SessionConfig | None = None, summarizer: object = None
-    ) -> None:
-        self._path = os.fspath(path)
-        self._file: TextIO = open(path, "a", encoding="utf-8")
-        self._broken = False
-        self._write(_engine_json(config or SessionConfig(), summarizer))
-
-    def record(self, session_id: str, message: ClientMessage, value: Any, error: BaseException | None) -> None:
-        if self._broken:
-            return
-        kind, payload, outcome = _describe(message, value)
-        line: dict[str, Any] = {"session": session_id, "type": kind, "payload": payload}
-        if error is None:
-            line["outcome"] = outcome
-        else:
-            line["error"] = {"type": type(error).__name__, "message": str(error)}
-        self._write(line)
-
-    def _write(self, line: dict[str, Any]) -> None:
-        if self._broken:
-            return
-        try:
-            self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
-            self._file.flush()
-        except (OSError, ValueError) as exc:
-            self._broken = True
-            log.error("recording messages to %s failed (%s); recording stops, the engine goes on", self._path, exc)
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def _describe(message: ClientMessage, value: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    match message:
-        case AddEpisodes():
-            seqs = [episode.seq for episode in value] if value is not None else None
-            return "add", {"episodes": [_episode_json(e) for e in message.episodes]}, {"seqs": seqs}
-        case ReadContext():
-            outcome = {} if value is None else _context_json(value)
-            return "read", {"wait_for_summary": message.wait_for_summary}, outcome
-        case DeleteEpisodes():
-            return "delete", {"seqs": list(message.seqs)}, {"deleted": value}
-        case ClearSession():
-            return "clear", {}, {}
-        case ForgetSession():
-            return "forget", {}, {}
-        case CloseSession():
-            return "close", {}, {}
-    raise TypeError(f"cannot record {type(message).__name__}")
-
-
-def _episode_json(episode: Episode) -> dict[str, Any]:
-    return {
-        "id": episode.id,
-        "role": episode.role,
-        "content": episode.content,
-        "created_at": episode.created_at.isoformat(),
-        "metadata": episode.metadata,
-    }
-
-
-def _context_json(context: Context) -> dict[str, Any]:
-    return {
-        "summarized_through": context.summarized_through,
-        "evicted_through": context.evicted_through,
-        "seqs": [e.seq for e in context.episodes],
-    }
-
-
-def _engine_json(config: SessionConfig, summarizer: object) -> dict[str, Any]:
-    fields = attrs.asdict(config, filter=lambda field, _: field.name != "tokenizer")
-    kind = type(summarizer) if summarizer is not None else None
-    return {
-        "type": "engine",
-        "config": fields,
-        "tokenizer": None if config.tokenizer is None else "custom",
-        "summarizer": None if kind is None else f"{kind.__module__}.{kind.__qualname__}",
-    }
+__all__ = [
+    "MessageRecorder",
+    "RecordedEngine",
+    "ReplayReport",
+    "read_log",
+    "recorded_config",
+    "replay",
+]
 
 
 @attrs.frozen
@@ -261,11 +154,11 @@ async def replay(
         kind = record["type"]
         try:
             if kind == "add":
-                stored = await session.add([_episode_from_json(e) for e in payload["episodes"]])
+                stored = await session.add([episode_from_json(e) for e in payload["episodes"]])
                 actual: Any = {"seqs": [e.seq for e in stored]}
             elif kind == "read":
                 waited = payload.get("wait_for_summary", False)
-                replayed = _context_json(await session.context(wait_for_summary=waited))
+                replayed = context_json(await session.context(wait_for_summary=waited))
                 if expected is not None:
                     differences = _read_differences(expected, replayed, waited)
                     for key, (was, now) in differences.items():
@@ -304,13 +197,3 @@ def _counted(records: Iterator[dict[str, Any]], on_handled: Callable[[int], obje
         yield record
         handled += 1
         on_handled(handled)
-
-
-def _episode_from_json(data: dict[str, Any]) -> Episode:
-    return Episode(
-        data["role"],
-        data["content"],
-        id=data["id"],
-        created_at=datetime.fromisoformat(data["created_at"]),
-        metadata=data.get("metadata", {}),
-    )

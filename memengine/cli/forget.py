@@ -21,7 +21,7 @@ import anyio
 from ..engine import open_engine
 from ..errors import ForgetIncompleteError
 from ..privacy import forget as forgetting
-from ..privacy.forget import ForgetReport
+from ..privacy.report import ForgetReport
 from ..scope import Scope
 from ..store.open import is_postgres_url, open_store
 from ..store.open_errors import redacted

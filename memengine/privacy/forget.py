@@ -27,28 +27,12 @@ import attrs
 from ..errors import ForgetIncompleteError, LeaseLostError, MemEngineError, SessionBusyError
 from ..scope import Scope
 from ..store.base import Erased, Store
+from .report import ForgetReport
 
 #: Session ids listed per read.
 SESSIONS_PER_PAGE = 100
 #: Sessions being erased at once.
 SESSIONS_AT_ONCE = 4
-
-
-@attrs.frozen
-class ForgetReport:
-    """What ``Engine.forget`` erased (or, with ``dry_run``, would erase): counts over every session of the scope.
-
-    ``waiting_for_sink``: sessions erased whose row and lease (no content) stay until the retain sink has
-    what their clear left for it; a later ``forget`` removes them.
-    """
-
-    scope: str
-    sessions: int
-    episodes: int
-    summaries: int
-    outbox_batches: int
-    dry_run: bool = False
-    waiting_for_sink: int = 0
 
 
 async def count(store: Store, scope: Scope) -> ForgetReport:

@@ -4,15 +4,25 @@ It reads its mailbox and handles one message at a time, in arrival order; a
 handler awaits only the store, never the summarizer or a client. Reads are
 answered from memory. When the raw window overflows, evicted episodes go to the
 summarizer child (see summary.py); they stay visible raw until the child
-acknowledges a stored summary. The actor's collaborators each keep one
-concern: the lease (lease.py), the summary bookkeeping (summary.py), the reads
-waiting for a summary (waiting_reads.py) and the hand-off to the retain
-outbox (retain_flush.py).
+acknowledges a stored summary.
+
+:meth:`SessionActor._handle` is the one place that maps each message type to
+its handler. The client messages (add, read, delete, clear, forget, close,
+retry) and the engine's (tick, hand over) are handled here; the actor's
+collaborators each keep one concern, and get what they need when made:
+
+- the lease: taken, renewed, checked before reads (lease.py);
+- the summarizer child's reports and the set-aside mark (summary_results.py),
+  over the summary's bookkeeping (summary.py);
+- the reads waiting for a summary (waiting_reads.py);
+- the hand-off to the retain outbox, every ``retain_every`` episodes and at a
+  boundary (retain_flush.py);
+- the adds queued behind the append in flight (add_batch.py).
 
 An activation whose memory may no longer be the store's (its lease was lost,
 or a commit is in doubt) gives the session up at once: it answers nothing
 more, and the messages it had not handled go to a new activation, which loads
-the session from the store.
+the session from the store (hand_on.py).
 """
 
 from __future__ import annotations
@@ -20,7 +30,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -30,22 +39,14 @@ import attrs
 from ..actor.mailbox import Mailbox, MailboxClosed
 from ..config import SessionConfig
 from ..context import Context
-from ..errors import (
-    EngineClosedError,
-    LeaseLostError,
-    MemEngineError,
-    SessionBusyError,
-    StoreError,
-    SummaryError,
-    UncertainCommitError,
-)
-from ..replay import MessageRecorder
-from ..store.base import AppendResult, SessionSnapshot, SetAside, Store
+from ..errors import EngineClosedError, LeaseLostError, MemEngineError, SessionBusyError, StoreError
+from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry
 from .add_batch import AddBatch
-from .lease import SessionLease
+from .hand_on import HandOn, NotHandled
+from .lease import SessionLease, means_reload
 from .messages import (
     AddEpisodes,
     ClearSession,
@@ -62,8 +63,10 @@ from .messages import (
     SummaryStored,
     Tick,
 )
+from .recording import MessageRecorder
 from .retain_flush import RetainFlush, RetainPlan
 from .summary import SessionSummary
+from .summary_results import SummaryResults, set_aside_error
 from .waiting_reads import WaitingReads
 from .window import Budget, RawWindow, tokenizer_of
 
@@ -83,15 +86,6 @@ class SessionServices:
     telemetry: Telemetry = NO_TELEMETRY
 
 
-class _HandOn(Exception):
-    """The message was not handled: the session was given up meanwhile, and a new activation takes it."""
-
-
-def _means_reload(error: BaseException | None) -> bool:
-    """Whether this activation's memory may no longer be the store's after ``error``."""
-    return isinstance(error, LeaseLostError | UncertainCommitError)
-
-
 class SessionActor:
     def __init__(
         self,
@@ -107,7 +101,7 @@ class SessionActor:
         self._store = services.store
         self._recorder = services.recorder
         self._on_stop = on_stop
-        self._hand_on = hand_on
+        self._handing_on = HandOn(session_id, self.mailbox, hand_on)
         self._lease = SessionLease(session_id, services.store, config)
         self._child = SummarizerActor(
             session_id,
@@ -136,11 +130,13 @@ class SessionActor:
             self._count_tokens,
             eager_tokens=config.max_tokens is not None or config.summarize_input_max_tokens is not None,
         )
+        self._summary_results = SummaryResults(
+            session_id, services.store, config, self._summary, self._window, self._lease, self._give_up
+        )
         self._stored_boundary = 0  # the eviction boundary the store holds (see _keep_boundary)
         # Set once this activation may no longer hold the store's truth.
         self._given_up: LeaseLostError | None = None
         self._handling: SessionMessage | None = None
-        self._not_handled: list[ClientMessage] = []  # for the next activation, before the mailbox's rest
         self._append_in_flight = False
         self._append_settled: anyio.Event | None = None  # made only when a handler must wait for it
         # Passivation: decided from the engine's ticks, so the hot path reads no clock.
@@ -170,14 +166,9 @@ class SessionActor:
         stop_error: MemEngineError = EngineClosedError("the engine closed before answering")
         try:
             try:
-                snapshot = await self._lease.acquire()
-            except SessionBusyError as busy:
-                stop_error = busy
-                return
-            except Exception as exc:
-                log.error("session %r could not be activated: %s", self.session_id, exc)
-                log.debug("session %r: activation failed", self.session_id, exc_info=exc)
-                stop_error = StoreError(f"session {self.session_id!r} could not be loaded: {exc}")
+                snapshot = await self._lease.activate()
+            except (SessionBusyError, StoreError) as error:
+                stop_error = error  # every message sent meanwhile is told
                 return
             async with anyio.create_task_group() as children:
                 children.start_soon(self._child.run)
@@ -234,11 +225,10 @@ class SessionActor:
         can reach this activation after the decision. Calling it again does nothing.
         """
         self._on_stop(self)
-        unanswered: list[Any] = [*self._not_handled, *self._waiting.take_all(), *self.mailbox.close()]
-        self._not_handled = []
-        if self._given_up is not None and self._hand_on is not None:
+        unanswered: list[Any] = [*self._handing_on.take_kept(), *self._waiting.take_all(), *self.mailbox.close()]
+        if self._given_up is not None:
             # Given up, not failed: what this activation never handled, a new one handles.
-            unanswered = [message for message in unanswered if not self._handed_on(message)]
+            unanswered = self._handing_on.pass_to_next(unanswered)
         if self._handling is not None:  # cancelled mid-handler
             unanswered.append(self._handling)
             self._handling = None
@@ -246,36 +236,6 @@ class SessionActor:
             reply = getattr(message, "reply", None)
             if reply is not None:
                 reply.fail(error)
-
-    def _handed_on(self, message: SessionMessage) -> bool:
-        """Give an unhandled client message to a new activation; False if that is not possible.
-
-        A write goes on even if its caller gave up waiting: it was sent, so it
-        is carried out (see :class:`~memengine.session.handle.Session`). Only a
-        read nobody waits for is dropped; it would change nothing.
-        """
-        reply = getattr(message, "reply", None)
-        if reply is None or (reply.abandoned and isinstance(message, ReadContext)):
-            return True  # the actor's own bookkeeping, or a read whose caller gave up: nothing to hand on
-        assert self._hand_on is not None
-        try:
-            self._hand_on(self.session_id, message)  # type: ignore[arg-type]
-        except MemEngineError:
-            return False  # the engine is closing: the caller gets the error
-        return True
-
-    def _handed_on_if_abandoned(self, message: ClientMessage) -> bool:
-        """After giving the session up over ``message``'s own write: hand it on if nobody waits for it.
-
-        It was sent, so it is carried out, by the next activation (a caller
-        still waiting is told the error instead, and may retry). Running a
-        write again is safe: an add is idempotent by episode id, a delete by
-        seq, and a clear leaves the same empty session.
-        """
-        if not message.reply.abandoned or isinstance(message, ReadContext) or self.mailbox.closed:
-            return False
-        self._not_handled.append(message)
-        return True
 
     async def _serve(self) -> None:
         while self._given_up is None:
@@ -288,15 +248,11 @@ class SessionActor:
                 self._handling = None
             elif self._may_passivate():
                 if self._retain is not None and self._retain.has_unretained():
-                    try:
-                        await self._retain.flush()  # a boundary: hand on the partial batch first
-                    except Exception as exc:
-                        if _means_reload(exc):
-                            self._give_up(exc)
+                    # A boundary: hand on the partial batch first.
+                    if not await self._retain.flush_before_passivating():
+                        if self._given_up is not None:
                             return
-                        # Stay active and try again at the next idle period or close.
-                        log.error("session %r: recording its retain batch failed (%s)", self.session_id, exc)
-                        self._idle_expired = self._close_requested = False
+                        self._idle_expired = self._close_requested = False  # stay active, try again later
                     continue  # messages may have arrived meanwhile
                 return  # no await since take(): nothing can have arrived
             elif self._summary.retry_at is None:
@@ -322,12 +278,10 @@ class SessionActor:
                 await self._on_summary_failed(message)
                 return
             case Tick():
-                self._on_tick(message)
-                if self._summary.set_aside is not None:
-                    await self._recheck_set_aside()
+                await self._on_tick(message)
                 return
             case HandOver():
-                self._idle_expired = True  # passivates once nothing is in flight (_may_passivate)
+                self._on_hand_over()
                 return
             case LeaseLost():
                 self._give_up(message.error)
@@ -353,13 +307,13 @@ class SessionActor:
                     await self._on_retry_summary(message)
                 case _:
                     _unhandled(message)
-        except _HandOn:
-            self._not_handled.append(message)
+        except NotHandled:
+            self._handing_on.keep(message)
         except Exception as exc:
             # The operation failed (the store rolled it back, or its outcome is in doubt): tell its caller.
-            if _means_reload(exc):
+            if means_reload(exc):
                 self._give_up(exc)
-                if self._handed_on_if_abandoned(message):
+                if self._handing_on.keep_if_abandoned(message):
                     return
             self._fail(message, exc)
 
@@ -396,13 +350,13 @@ class SessionActor:
         if settled is not None:
             settled.set()
         if error is not None or results is None:
-            reload = _means_reload(error)
+            reload = means_reload(error)
             if reload:
                 # Either way this activation's state may no longer be the store's: let it go,
                 # before a handler waiting for this append runs on it.
                 self._give_up(error)  # type: ignore[arg-type]
             for message in batch.messages:
-                if reload and self._handed_on_if_abandoned(message):
+                if reload and self._handing_on.keep_if_abandoned(message):
                     continue
                 self._fail(message, error or StoreError("the append was not stored"))
             return
@@ -429,7 +383,7 @@ class SessionActor:
         await self._lease.ensure_valid()  # memory may be stale if another process took the session over
         evicted_through = self._window.evicted_through
         if message.wait_for_summary and evicted_through is not None and self._summary.set_aside is not None:
-            self._fail(message, self._set_aside_error(self._summary.set_aside))  # nothing to wait for
+            self._fail(message, set_aside_error(self.session_id, self._summary.set_aside))  # nothing to wait for
         elif message.wait_for_summary and evicted_through is not None:
             self._waiting.add(message, evicted_through)
         else:
@@ -475,113 +429,33 @@ class SessionActor:
         self._close_requested = True
         self._answer(message, None)
 
-    def _on_tick(self, message: Tick) -> None:
+    async def _on_tick(self, message: Tick) -> None:
         after = self._config.passivate_after
         if self._active_since_tick or self._quiet_since is None:
             self._active_since_tick = False
             self._quiet_since = message.now
         elif after is not None and message.now - self._quiet_since >= after:
             self._idle_expired = True
+        if self._summary.set_aside is not None:
+            await self._summary_results.recheck_set_aside()
+
+    def _on_hand_over(self) -> None:
+        self._idle_expired = True  # passivates once nothing is in flight (_may_passivate)
 
     def _on_summary_stored(self, message: SummaryStored) -> None:
-        if self._summary.stored(message, self._window, anyio.current_time()):
+        if self._summary_results.stored(message):
             self._answer_waiting_reads()
         self._dispatch_summary()
 
     async def _on_summary_failed(self, message: SummaryFailed) -> None:
-        if _means_reload(message.error):
-            self._give_up(message.error)
-            return
-        if not self._summary.failed(message, anyio.current_time()):
-            return
-        # The reads waiting now wait for these episodes: tell them, rather than keep them waiting.
-        if isinstance(message.error, StoreError):
-            what = f"storing the summary of the episodes up to seq {message.through_seq} failed"
-        else:
-            attempts = f"{message.attempts} attempt{'s' if message.attempts != 1 else ''}"
-            what = f"summarizing the episodes up to seq {message.through_seq} failed after {attempts}"
-        if self._summary.rounds_exhausted and await self._set_summary_aside(message):
-            error = self._set_aside_error(self._summary.set_aside)  # type: ignore[arg-type]
-        else:
-            error = SummaryError(
-                f"session {self.session_id!r}: {what} ({_one_line(message.error)}); they stay pending, shown raw, "
-                f"and are tried again in {self._config.summarize_retry_later:g} s"
-            )
-        for read in self._waiting.take_all():
-            self._fail(read, error)
-
-    async def _set_summary_aside(self, message: SummaryFailed) -> bool:
-        """Record the batch as set aside in the store, then here; True once it is (log at ERROR, once)."""
-        summary = self._summary
-        try:
-            recorded = await self._store.set_summary_aside(
-                self.session_id,
-                self._lease.current(),
-                summary.generation,
-                message.through_seq,
-                summary.failed_attempts,
-                _one_line(message.error),
-            )
-        except Exception as exc:
-            if _means_reload(exc):
-                self._give_up(exc)
-            else:
-                log.error("session %r: recording its set-aside summary batch failed (%s)", self.session_id, exc)
-            return False  # tried again next round, as before
-        if not recorded:
-            return False
-        first = summary.through + 1
-        summary.put_aside(
-            SetAside(
-                "summary",
-                self.session_id,
-                first,
-                message.through_seq,
-                summary.failed_attempts,
-                _one_line(message.error),
-                time.time(),
-            )
-        )
-        log.error(
-            "session %r: summarizing episodes %d..%d failed in %d round(s) in a row (%d attempts; last error %s); "
-            "set aside: they stay stored and shown raw, and nothing more is summarized for this session until "
-            "engine.retry_set_aside() or `memengine set-aside retry`",
-            self.session_id,
-            first,
-            message.through_seq,
-            summary.failed_rounds,
-            summary.failed_attempts,
-            _one_line(message.error),
-        )
-        return True
-
-    def _set_aside_error(self, record: SetAside) -> SummaryError:
-        return SummaryError(
-            f"session {self.session_id!r}: the summary of episodes {record.first_seq}..{record.last_seq} is set aside "
-            f"after {record.attempts} failed attempts (last error: {record.error}); they stay shown raw, and nothing "
-            "is summarized for this session until engine.retry_set_aside() or `memengine set-aside retry`"
-        )
-
-    async def _recheck_set_aside(self) -> None:
-        """At an idle tick: whether the store still holds the mark (``memengine set-aside retry`` lifts it there)."""
-        try:
-            current = await self._store.summary_set_aside(self.session_id)
-        except Exception as exc:
-            log.debug("session %r: reading its set-aside mark failed (%s)", self.session_id, exc)
-            return
-        if current is None and self._summary.set_aside is not None:
-            log.warning("session %r: its set-aside summary batch was lifted in the store; tried again", self.session_id)
-            self._summary.retry_now()
-            self._dispatch_summary()
+        error = await self._summary_results.failed(message)
+        if error is not None:
+            for read in self._waiting.take_all():
+                self._fail(read, error)
 
     async def _on_retry_summary(self, message: RetrySummary) -> None:
         await self._settle_append()
-        lifted = await self._store.lift_summary_set_aside(self.session_id, self._lease.current())
-        was_set_aside = self._summary.retry_now()
-        if lifted or was_set_aside:
-            log.warning("session %r: its set-aside summary batch is tried again", self.session_id)
-        self._dispatch_summary()
-        message.reply.set(lifted or was_set_aside)  # an operator's call: not recorded (see RetrySummary)
+        message.reply.set(await self._summary_results.retry())  # an operator's call: not recorded (see RetrySummary)
 
     # -- state ---------------------------------------------------------------
 
@@ -624,7 +498,7 @@ class SessionActor:
                 self._append_settled = anyio.Event()
             await self._append_settled.wait()
         if self._given_up is not None:
-            raise _HandOn
+            raise NotHandled
 
     def _dispatch_summary(self) -> None:
         self._summary.dispatch(self._window, self._lease.current())
@@ -665,10 +539,6 @@ class SessionActor:
 def _eviction_recorded(result: object, error: BaseException | None) -> None:
     if error is not None:
         log.info("recording an eviction boundary failed (%s); the next activation applies the rules again", error)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(repr(error).split())
 
 
 def _unhandled(message: object) -> NoReturn:

@@ -1,9 +1,13 @@
-"""The client handle: a cheap object that sends messages to a session actor."""
+"""The client handle: a cheap object that sends messages to a session actor.
+
+The handle knows the engine only as a :class:`SessionHost` (what a handle
+needs of whoever made it), so this module does not depend on the engine.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -14,12 +18,25 @@ from ..context import Context
 from ..episode import Episode, encode_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
 from ..limits import require_seq
+from ..telemetry import Telemetry
 from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
 
-if TYPE_CHECKING:
-    from ..engine import Engine
-
 T = TypeVar("T")
+
+
+class SessionHost(Protocol):
+    """What a :class:`Session` needs of the engine that made it (an :class:`~memengine.Engine`)."""
+
+    @property
+    def config(self) -> SessionConfig:
+        """The limits a handle checks its arguments against."""
+
+    @property
+    def _telemetry(self) -> Telemetry:
+        """Where a handle's calls are traced."""
+
+    async def _send(self, session_id: str, message: ClientMessage) -> None:
+        """Put ``message`` in the session's mailbox (activating it if needed); wait only for room."""
 
 
 class Session:
@@ -35,7 +52,7 @@ class Session:
 
     __slots__ = ("_closed", "_engine", "_id")
 
-    def __init__(self, engine: Engine, session_id: str) -> None:
+    def __init__(self, engine: SessionHost, session_id: str) -> None:
         self._engine = engine
         self._id = session_id
         self._closed = False

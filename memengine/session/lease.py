@@ -6,6 +6,10 @@ owner; every write carries the lease's fencing token; the engine renews every
 active lease every third of ``lease_ttl``. Reads are answered from memory only
 while the lease is known to be valid by this process's clock; otherwise it is
 renewed first, or the session is given up.
+
+:func:`means_reload` says which errors mean an activation's memory may no
+longer be the store's; the activation then gives the session up, and its
+unhandled messages go to a new activation (hand_on.py).
 """
 
 from __future__ import annotations
@@ -16,10 +20,15 @@ import math
 import anyio
 
 from ..config import SessionConfig
-from ..errors import LeaseLostError, SessionBusyError, UncertainCommitError
+from ..errors import LeaseLostError, SessionBusyError, StoreError, UncertainCommitError
 from ..store.base import SessionSnapshot, Store
 
 log = logging.getLogger("memengine.session")
+
+
+def means_reload(error: BaseException | None) -> bool:
+    """Whether an activation's memory may no longer be the store's after ``error`` (then it gives the session up)."""
+    return isinstance(error, LeaseLostError | UncertainCommitError)
 
 
 class SessionLease:
@@ -30,6 +39,22 @@ class SessionLease:
         #: The fencing token once the lease is taken.
         self.token: int | None = None
         self._valid_until = -math.inf  # by this process's clock, the lease is surely ours until then
+
+    async def activate(self) -> SessionSnapshot:
+        """:meth:`acquire`, its failures as the activation's callers are told them.
+
+        :class:`SessionBusyError` if another owner kept the session past
+        ``lease_wait``; any other failure is logged and raised as a
+        :class:`StoreError` naming the session.
+        """
+        try:
+            return await self.acquire()
+        except SessionBusyError:
+            raise
+        except Exception as exc:
+            log.error("session %r could not be activated: %s", self._session_id, exc)
+            log.debug("session %r: activation failed", self._session_id, exc_info=exc)
+            raise StoreError(f"session {self._session_id!r} could not be loaded: {exc}") from None
 
     async def acquire(self) -> SessionSnapshot:
         """Take the lease and load the session's state, waiting up to ``lease_wait`` for another owner."""

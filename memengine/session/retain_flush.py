@@ -3,8 +3,9 @@
 Batches are only *recorded* here (in the outbox, in the same transaction as
 the session's watermark); the delivery actor sends them. A full batch is
 recorded without waiting (its completion runs right after the commit); the
-partial batch at a boundary (close, passivation) is awaited. One outbox write
-of a session is in flight at a time.
+partial batch at a boundary (close, passivation) is awaited; a failure at
+passivation keeps the session active, to try again at the next boundary. One
+outbox write of a session is in flight at a time.
 """
 
 from __future__ import annotations
@@ -110,6 +111,23 @@ class RetainFlush:
             self._in_flight = False
             self._wake_flush()
         self._plan.delivery.notify()
+
+    async def flush_before_passivating(self) -> bool:
+        """The boundary of passivation: :meth:`flush`; False if it failed, and the session stays active.
+
+        A failure that means the session's memory may be stale gives it up
+        (through ``lost``); any other is logged, and the batch is recorded at
+        the next idle period or close.
+        """
+        try:
+            await self.flush()
+        except Exception as exc:
+            if isinstance(exc, LeaseLostError | UncertainCommitError):
+                self._lost(exc)
+            else:
+                log.error("session %r: recording its retain batch failed (%s)", self._session_id, exc)
+            return False
+        return True
 
     def _wake_flush(self) -> None:
         settled, self._settled = self._settled, None

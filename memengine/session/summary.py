@@ -16,6 +16,8 @@ failed rounds in a row the batch is set aside (recorded in the store by the
 session, see store/set_aside.py): nothing more is summarized for the session,
 since summaries cover the episodes in order, until a retry lifts the mark.
 Its episodes, and those evicted after them, stay stored and shown raw.
+The actor's handlers for the child's reports, and the set-aside mark's
+store side, are in summary_results.py.
 """
 
 from __future__ import annotations
