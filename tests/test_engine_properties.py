@@ -732,3 +732,22 @@ def test_a_forget_behind_the_batches_of_an_add_of_thousands_is_seen_pending(mach
         steps.store_holds_exactly_the_live_episodes()
     finally:
         steps.teardown()
+
+
+@pytest.mark.parametrize("machine", [EngineMachine, TrioEngineMachine], ids=["asyncio", "trio"])
+def test_a_close_after_a_reload_settles_the_deleted_newest_seqs(machine: type[EngineMachine]) -> None:
+    """The retain watermark, as a fixed sequence (seen once as retained_through 3998 with the last seq 4001).
+
+    A commit in doubt while an add of thousands is being handed on in batches
+    reloads the session, which records the rest at its close, in one batch: it
+    stopped the watermark at the last live episode, not at the deleted ones after it.
+    """
+    steps = machine()
+    try:
+        steps.start(big_adds=1, evict_to=0.5, max_tokens=None)
+        steps.add_thousands("alice")
+        steps.commit_in_doubt("alice", "summary or batch", [0])  # most likely one of the add's batches
+        steps.delete_the_newest_then_close("alice", 3)
+        steps.sink_holds_exactly_the_live_episodes_handed_on()
+    finally:
+        steps.teardown()
