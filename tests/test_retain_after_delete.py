@@ -66,3 +66,30 @@ async def test_adds_after_deleting_the_newest_are_handed_on_in_batches_as_usual(
         await session.close()
     batches = [[e.seq for e in batch.episodes] for batch in sink.batches]
     assert batches == [[1, 2], [4, 5], [6, 7]]
+
+
+@pytest.mark.parametrize(
+    ("added", "deleted", "handed_on"),
+    [
+        (5, [5], [1, 2, 3, 4]),  # the newest of a partial batch
+        (6, [4, 5, 6], [1, 2, 3]),  # the newest few
+        (6, [2, 6], [1, 3, 4, 5]),  # one in the middle too
+    ],
+)
+async def test_a_close_moves_the_watermark_to_the_last_seq_when_the_newest_episodes_were_deleted(
+    store_url: str, rows: StoreRows, added: int, deleted: list[int], handed_on: list[int]
+) -> None:
+    """The close's batch holds the live episodes; the deleted ones after it are done with too, in the same write.
+
+    The watermark stopped at the batch's last live episode: the session still
+    had episodes to hand on, as it seemed, and wrote again at its next boundary.
+    """
+    sink = RecordingSink()
+    config = SessionConfig(evict_to=1.0, retain_every=20, passivate_after=None, max_episodes=100)
+    async with open_engine(store_url, retain_sink=sink, config=config) as engine:
+        session = engine.session("s")
+        await session.add(turns(added))
+        assert await session.delete_episodes(deleted) == len(deleted)
+        await session.close()
+        assert rows.query("SELECT retained_through FROM sessions WHERE session_id = 's'") == [(added,)]
+    assert [[e.seq for e in batch.episodes] for batch in sink.batches] == [handed_on]

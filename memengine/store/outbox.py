@@ -106,8 +106,11 @@ def enqueue(
             now,
         ),
     )
-    db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (last_seq, session_id))
-    return last_seq
+    # Read to the end of the range (fewer than ``limit``): the seqs after the batch's last are all deleted,
+    # so the range is done with, as it is when nothing in it is live.
+    watermark = through_seq if limit is None or len(new) < limit else last_seq
+    db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (watermark, session_id))
+    return int(watermark)
 
 
 def enqueue_all(
