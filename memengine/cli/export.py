@@ -20,12 +20,11 @@ import anyio
 
 from ..privacy.export import ExportStream, write_json_lines
 from ..scope import Scope
-from ..store.open import is_postgres_url, open_store
+from ..store.open import open_store
 from ..store.open_errors import redacted
 from . import exit_status
 from .failures import EXPECTED_FAILURES, first_failure, report
-from .scope_arguments import add_scope_options, scope_of
-from .store_file import foreign_url, store_file_problem
+from .scope_arguments import add_scope_options, scope_and_store
 
 DESCRIPTION = (
     "Write every stored episode and the latest summary of each session of one tenant (the sessions 'T/...'), "
@@ -49,17 +48,9 @@ async def export(db: str, scope: Scope, out: TextIO) -> tuple[int, int]:
 
 def run(options: argparse.Namespace) -> int:
     db: str = options.db
-    try:
-        scope = scope_of("export", options)
-    except ValueError as exc:
-        print(f"memengine export: {exc}", file=sys.stderr)
-        return exit_status.USAGE
-    if (foreign := foreign_url(db)) is not None:
-        return report("export", foreign)
-    problem = None if is_postgres_url(db) else store_file_problem(Path(db))
-    if problem is not None:
-        print(f"memengine export: cannot read {db}: {problem}", file=sys.stderr)
-        return exit_status.STORE_UNUSABLE
+    scope = scope_and_store("export", options)
+    if not isinstance(scope, Scope):
+        return scope
     target = None if options.output is None else Path(options.output)
     if target is not None and target.exists():
         print(f"memengine export: {target} already exists (export never overwrites a file)", file=sys.stderr)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import anyio
 
@@ -23,12 +22,11 @@ from ..errors import ForgetIncompleteError
 from ..privacy import forget as forgetting
 from ..privacy.report import ForgetReport
 from ..scope import Scope
-from ..store.open import is_postgres_url, open_store
+from ..store.open import open_store
 from ..store.open_errors import redacted
 from . import exit_status
 from .failures import EXPECTED_FAILURES, first_failure, report
-from .scope_arguments import add_scope_options, scope_of
-from .store_file import foreign_url, store_file_problem
+from .scope_arguments import add_scope_options, scope_and_store
 
 DESCRIPTION = (
     "Erase every session of one tenant (the sessions 'T/...'), prefix or session: episodes, summaries, recall "
@@ -82,17 +80,9 @@ def describe(report: ForgetReport) -> str:
 
 def run(options: argparse.Namespace) -> int:
     db: str = options.db
-    try:
-        scope = scope_of("forget", options)
-    except ValueError as exc:
-        print(f"memengine forget: {exc}", file=sys.stderr)
-        return exit_status.USAGE
-    if (foreign := foreign_url(db)) is not None:
-        return report("forget", foreign)
-    problem = None if is_postgres_url(db) else store_file_problem(Path(db))
-    if problem is not None:
-        print(f"memengine forget: cannot read {db}: {problem}", file=sys.stderr)
-        return exit_status.STORE_UNUSABLE
+    scope = scope_and_store("forget", options)
+    if not isinstance(scope, Scope):
+        return scope
     failure: BaseException | None = None
     plan: ForgetReport | None = None
     try:
