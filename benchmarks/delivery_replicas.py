@@ -43,12 +43,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+from pg_schemas import throwaway_schema
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -140,22 +140,6 @@ def run_configuration(store_url: str, processes: int, window: str, args: argpars
     return {"rate": args.sessions * args.batches / elapsed, "claims": claims}
 
 
-def postgres_schema(server: str) -> tuple[str, str]:
-    import psycopg
-
-    schema = f"memengine_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    return schema, f"{server}?options=-csearch_path%3D{schema}"
-
-
-def drop_schema(server: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=100)
@@ -176,11 +160,8 @@ def main() -> None:
             for window in ("256", str(args.small)):
                 store_url = str(Path(scratch) / f"bench-{processes}-{window}.db")
                 results.append(("sqlite", processes, window, run_configuration(store_url, processes, window, args)))
-                schema, url = postgres_schema(args.postgres)
-                try:
+                with throwaway_schema(args.postgres) as url:
                     results.append(("postgresql", processes, window, run_configuration(url, processes, window, args)))
-                finally:
-                    drop_schema(args.postgres, schema)
 
     print(
         f"{args.sessions} sessions x {args.batches} batches in the outbox, sink latency {args.latency:g} s, "

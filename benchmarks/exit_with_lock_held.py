@@ -24,6 +24,7 @@ Run: ``.venv/bin/python benchmarks/exit_with_lock_held.py [--rounds N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -36,7 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.restart_after_kill import drop_schema, postgres_schema  # noqa: E402
+from pg_schemas import throwaway_schema  # noqa: E402
+
 from memengine.engine import EXIT_DEADLINE_SECONDS, EXIT_STORE_SECONDS  # noqa: E402
 from memengine.store.committer import INTERRUPT_SECONDS  # noqa: E402
 
@@ -80,15 +82,12 @@ def main() -> None:
             times = []
             for _ in range(args.rounds):
                 with tempfile.TemporaryDirectory() as directory:
-                    if store_name == "sqlite":
-                        store, schema = str(Path(directory) / f"{uuid.uuid4().hex}.db"), None
-                    else:
-                        store, schema = postgres_schema(args.postgres)
-                    try:
+                    with contextlib.ExitStack() as schemas:
+                        if store_name == "sqlite":
+                            store = str(Path(directory) / f"{uuid.uuid4().hex}.db")
+                        else:
+                            store = schemas.enter_context(throwaway_schema(args.postgres))
                         times.append(exit_seconds(case, store, args.backend))
-                    finally:
-                        if schema is not None:
-                            drop_schema(args.postgres, schema)
             print(
                 f"{store_name:<12}{case:<9}{statistics.median(times):>10.2f}{max(times):>8.2f}"
                 f"{EXIT_DEADLINE_SECONDS:>12.2f}"

@@ -27,10 +27,10 @@ import argparse
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import anyio
+from pg_schemas import throwaway_schema
 
 from memengine import Episode, ForgetRequest, RetainBatch, SessionConfig, open_engine
 
@@ -89,22 +89,6 @@ async def measure(url: str, sessions: int, episodes: int) -> dict[str, float]:
     return {name: statistics.mean(times) for name, times in figures.items()}
 
 
-def postgres_schema(server: str) -> tuple[str, str]:
-    import psycopg
-
-    schema = f"memengine_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    return schema, f"{server}?options=-csearch_path%3D{schema}"
-
-
-def drop_schema(server: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=200)
@@ -114,11 +98,8 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as directory:
         results["sqlite"] = anyio.run(measure, str(Path(directory) / "memory.db"), args.sessions, args.episodes)
-    schema, url = postgres_schema(args.postgres)
-    try:
+    with throwaway_schema(args.postgres) as url:
         results["postgresql"] = anyio.run(measure, url, args.sessions, args.episodes)
-    finally:
-        drop_schema(args.postgres, schema)
     print(f"{args.sessions} sessions of {args.episodes} episodes; mean ms per call, ratio handed-on / not handed-on")
     for store, figures in results.items():
         for call in ("delete", "clear"):

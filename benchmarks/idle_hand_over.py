@@ -13,6 +13,7 @@ Run: ``.venv/bin/python benchmarks/idle_hand_over.py [--moves N] [--postgres URL
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -23,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.restart_after_kill import drop_schema, postgres_schema  # noqa: E402
+from pg_schemas import throwaway_schema  # noqa: E402
+
 from tests.test_replicas import Worker  # noqa: E402
 
 DEFAULTS = {
@@ -57,16 +59,12 @@ def main() -> None:
     print(f"idle hand-over between two replicas, {args.moves} moves; default passivate_after and lease_wait")
     for name in ("sqlite", "postgresql"):
         with tempfile.TemporaryDirectory() as directory:
-            schema = None
-            if name == "sqlite":
-                store = str(Path(directory) / f"{uuid.uuid4().hex}.db")
-            else:
-                store, schema = postgres_schema(args.postgres)
-            try:
+            with contextlib.ExitStack() as schemas:
+                if name == "sqlite":
+                    store = str(Path(directory) / f"{uuid.uuid4().hex}.db")
+                else:
+                    store = schemas.enter_context(throwaway_schema(args.postgres))
                 seconds = moves(store, args.moves)
-            finally:
-                if schema is not None:
-                    drop_schema(args.postgres, schema)
         print(f"{name:<12} move median {statistics.median(seconds):.2f} s   max {max(seconds):.2f} s")
 
 

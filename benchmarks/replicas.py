@@ -22,10 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import anyio
+from pg_schemas import throwaway_schema
 
 SESSIONS_PER_PROCESS = 50
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
@@ -79,22 +79,6 @@ def run_configuration(store: str, processes: int, seconds: float) -> dict[str, f
     return totals
 
 
-def postgres_schema(server: str) -> tuple[str, str]:
-    import psycopg
-
-    schema = f"memengine_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    return schema, f"{server}?options=-csearch_path%3D{schema}"
-
-
-def drop_schema(server: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase (adds, reads)")
@@ -111,11 +95,8 @@ def main() -> None:
         for processes in (1, 2, 4):
             store = str(Path(scratch) / f"bench-{processes}.db")
             results.append(("sqlite", processes, run_configuration(store, processes, args.seconds)))
-            schema, url = postgres_schema(args.postgres)
-            try:
+            with throwaway_schema(args.postgres) as url:
                 results.append(("postgresql", processes, run_configuration(url, processes, args.seconds)))
-            finally:
-                drop_schema(args.postgres, schema)
 
     base = results[0][2]
     print(

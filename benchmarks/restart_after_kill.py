@@ -21,6 +21,7 @@ claim (60 s). Run: ``.venv/bin/python benchmarks/restart_after_kill.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from pg_schemas import throwaway_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,22 +87,6 @@ def survivor(store: str, backend: str) -> float:
     return first_kept_batch(records_until(process, "exited"))["monotonic"] - killed_at
 
 
-def postgres_schema(url: str) -> tuple[str, str]:
-    import psycopg
-
-    schema = f"memengine_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    return f"{url}?options=-csearch_path%3D{schema}", schema
-
-
-def drop_schema(url: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -115,19 +102,15 @@ def main() -> None:
         rows = []
         for _ in range(args.rounds):
             with tempfile.TemporaryDirectory() as directory:
-                stores = []
-                for _ in range(2):
-                    if store_name == "sqlite":
-                        stores.append((str(Path(directory) / f"{uuid.uuid4().hex}.db"), None))
-                    else:
-                        stores.append(postgres_schema(args.postgres))
-                try:
-                    opened, added, batch = restart(stores[0][0], args.backend)
-                    rows.append((opened, added, batch, survivor(stores[1][0], args.backend)))
-                finally:
-                    for _, schema in stores:
-                        if schema is not None:
-                            drop_schema(args.postgres, schema)
+                with contextlib.ExitStack() as schemas:
+                    stores = [
+                        str(Path(directory) / f"{uuid.uuid4().hex}.db")
+                        if store_name == "sqlite"
+                        else schemas.enter_context(throwaway_schema(args.postgres))
+                        for _ in range(2)
+                    ]
+                    opened, added, batch = restart(stores[0], args.backend)
+                    rows.append((opened, added, batch, survivor(stores[1], args.backend)))
         medians = [statistics.median(column) for column in zip(*rows, strict=True)]
         print(
             f"{store_name:<12}" + "".join(f"{value:>{width}.2f}" for value, width in zip(medians, widths, strict=True))
