@@ -237,9 +237,10 @@ def pending(db: Db, limit: int, episode_from_row: EpisodeFromRow) -> list[Outbox
 # Conditions on outbox rows ``o``. Only the oldest batch of a session may be sent (see claim): a batch
 # set aside (set_aside.py) stays the oldest, so its session's later batches wait behind it.
 _OLDEST_OF_SESSION = "o.id IN (SELECT min(id) FROM retain_outbox GROUP BY session_id) AND o.set_aside_at IS NULL"
-#: No other process holds a live claim on it (``?``: this process).
-_NOT_HELD_ELSEWHERE = "(o.claimed_by IS NULL OR o.claimed_by = ? OR o.claim_until <= {now})"
-_RETRY_TIME_CAME = "(o.retry_at IS NULL OR o.retry_at <= {now})"
+#: No other process holds a live claim on it (``?``: this process, then the database's clock read once).
+_NOT_HELD_ELSEWHERE = "(o.claimed_by IS NULL OR o.claimed_by = ? OR o.claim_until <= ?)"
+#: Its retry time has come (``?``: the database's clock read once).
+_RETRY_TIME_CAME = "(o.retry_at IS NULL OR o.retry_at <= ?)"
 #: When another process's claim on it lapses (``?``: this process); 0 if none holds it.
 _OTHER_CLAIM_UNTIL = "CASE WHEN o.claimed_by <> ? THEN o.claim_until ELSE 0 END"
 
@@ -251,21 +252,34 @@ def due(db: Db, owner: str, limit: int, ignore_backoff: bool) -> DueRetains:
     live process holds its claim, and (unless ``ignore_backoff``) its retry
     time has come. ``next_due_in`` is the time until the earliest such oldest
     batch that is not due now becomes due.
+
+    Both are judged at one reading of the database's clock: read twice, a retry
+    time falling between the readings would be neither due at the first nor
+    still to come at the second, and the batch would wait for the next look.
     """
-    ready = _NOT_HELD_ELSEWHERE if ignore_backoff else _NOT_HELD_ELSEWHERE + " AND " + _RETRY_TIME_CAME
+    (now,) = db.execute("SELECT {now}").fetchone()
+    if ignore_backoff:
+        ready, ready_params = _NOT_HELD_ELSEWHERE, (owner, now)
+    else:
+        ready, ready_params = _NOT_HELD_ELSEWHERE + " AND " + _RETRY_TIME_CAME, (owner, now, now)
     batches = tuple(
         DueBatch(entry_id, session_id, key)
         for entry_id, session_id, key in db.execute(
             "SELECT o.id, o.session_id, o.key FROM retain_outbox AS o "
             "WHERE " + _OLDEST_OF_SESSION + " AND " + ready + " ORDER BY o.id LIMIT ?",
-            (owner, limit),
+            (*ready_params, limit),
         ).fetchall()
     )
     due_at = _OTHER_CLAIM_UNTIL if ignore_backoff else "{greatest}(coalesce(o.retry_at, 0), " + _OTHER_CLAIM_UNTIL + ")"
     (next_due_in,) = db.execute(
-        "SELECT min(" + due_at + ") - {now} FROM retain_outbox AS o "
-        "WHERE " + _OLDEST_OF_SESSION + " AND " + due_at + " > {now}",
-        (owner, owner),
+        "SELECT min("
+        + due_at
+        + ") - ? FROM retain_outbox AS o WHERE "
+        + _OLDEST_OF_SESSION
+        + " AND "
+        + due_at
+        + " > ?",
+        (owner, now, owner, now),
     ).fetchone()
     return DueRetains(batches, None if next_due_in is None else float(next_due_in))
 
