@@ -271,16 +271,8 @@ def due(db: Db, owner: str, limit: int, ignore_backoff: bool) -> DueRetains:
         ).fetchall()
     )
     due_at = _OTHER_CLAIM_UNTIL if ignore_backoff else "{greatest}(coalesce(o.retry_at, 0), " + _OTHER_CLAIM_UNTIL + ")"
-    (next_due_in,) = db.execute(
-        "SELECT min("
-        + due_at
-        + ") - ? FROM retain_outbox AS o WHERE "
-        + _OLDEST_OF_SESSION
-        + " AND "
-        + due_at
-        + " > ?",
-        (owner, now, owner, now),
-    ).fetchone()
+    later = "SELECT min(" + due_at + ") - ? FROM retain_outbox AS o WHERE " + _OLDEST_OF_SESSION
+    (next_due_in,) = db.execute(later + " AND " + due_at + " > ?", (owner, now, owner, now)).fetchone()
     return DueRetains(batches, None if next_due_in is None else float(next_due_in))
 
 
