@@ -258,10 +258,9 @@ def due(db: Db, owner: str, limit: int, ignore_backoff: bool) -> DueRetains:
     still to come at the second, and the batch would wait for the next look.
     """
     (now,) = db.execute("SELECT {now}").fetchone()
-    if ignore_backoff:
-        ready, ready_params = _NOT_HELD_ELSEWHERE, (owner, now)
-    else:
-        ready, ready_params = _NOT_HELD_ELSEWHERE + " AND " + _RETRY_TIME_CAME, (owner, now, now)
+    ready, ready_params = _NOT_HELD_ELSEWHERE, [owner, now]
+    if not ignore_backoff:
+        ready, ready_params = ready + " AND " + _RETRY_TIME_CAME, [*ready_params, now]
     batches = tuple(
         DueBatch(entry_id, session_id, key)
         for entry_id, session_id, key in db.execute(
