@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import math
@@ -14,7 +13,6 @@ from typing import cast
 import anyio
 import anyio.abc
 
-from .actor.mailbox import MailboxClosed
 from .actor.reply import Reply
 from .config import SessionConfig
 from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEngineError
@@ -457,8 +455,7 @@ class Engine:
             for session_id in wanted:
                 actor = self._actors.get(session_id)
                 if actor is not None:
-                    with contextlib.suppress(MailboxClosed):
-                        actor.mailbox.put(HandOver())
+                    actor.mailbox.put_if_open(HandOver())
 
     async def _watch_owners(self, resume_summaries: bool, mode: RetainMode) -> None:
         """Every second: keep this engine's liveness lock, and take on at once what dead owners left.
@@ -554,8 +551,7 @@ class Engine:
                     lost = LeaseLostError(
                         f"session {actor.session_id!r}: this process's lease expired or was taken over"
                     )
-                    with contextlib.suppress(MailboxClosed):
-                        actor.mailbox.put(LeaseLost(lost))
+                    actor.mailbox.put_if_open(LeaseLost(lost))
 
     def _close(self) -> None:
         self._closed = True

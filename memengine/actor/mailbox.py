@@ -69,6 +69,17 @@ class Mailbox(Generic[T]):
         """Queue the actor's own traffic (never waits; not counted against the capacity)."""
         self._append(message, False)
 
+    def put_if_open(self, message: T) -> bool:
+        """:meth:`put`, unless the actor has stopped (the mailbox closed): then drop it and return False.
+
+        For notices that mean nothing to a stopped actor (a tick, a lost lease,
+        a child's answer), which may arrive in the same moment it stops.
+        """
+        if self._closed:
+            return False
+        self._append(message, False)
+        return True
+
     def send_now(self, message: T) -> None:
         """Queue a client's message; the caller has checked :meth:`has_room`."""
         self._append(message, True)

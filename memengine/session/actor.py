@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 import anyio
 import attrs
 
-from ..actor.mailbox import Mailbox, MailboxClosed
+from ..actor.mailbox import Mailbox
 from ..config import SessionConfig
 from ..context import Context
 from ..errors import EngineClosedError, LeaseLostError, MemEngineError, SessionBusyError, StoreError
@@ -193,9 +193,7 @@ class SessionActor:
         the cancellation reached it). Nothing is lost: a stored summary is in
         the store, where the next activation loads it from.
         """
-        try:
-            self.mailbox.put(message)
-        except MailboxClosed:
+        if not self.mailbox.put_if_open(message):
             log.debug("session %r: a summarizer answer arrived after the activation stopped", self.session_id)
 
     def _give_up(self, error: BaseException) -> None:
@@ -213,10 +211,7 @@ class SessionActor:
             if isinstance(error, LeaseLostError)
             else LeaseLostError(f"session {self.session_id!r}: this activation gave the session up ({error})")
         )
-        try:
-            self.mailbox.put(LeaseLost(error))  # wakes the actor if it is idle
-        except MailboxClosed:
-            pass  # already stopped
+        self.mailbox.put_if_open(LeaseLost(error))  # wakes the actor if it is idle (unless already stopped)
 
     def _stop(self, error: MemEngineError) -> None:
         """Leave the engine's registry and fail whatever was never answered.
