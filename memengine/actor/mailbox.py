@@ -9,6 +9,8 @@ from typing import Generic, TypeVar
 
 import anyio
 
+from .wakeup import Wakeup
+
 T = TypeVar("T")
 
 
@@ -43,8 +45,8 @@ class Mailbox(Generic[T]):
 
     def __init__(self, capacity: int = 1_000_000) -> None:
         self._queue: deque[tuple[T, bool]] = deque()
-        self._arrived = anyio.Event()
-        self._room: anyio.Event | None = None  # made only when a sender must wait
+        self._arrived = Wakeup()
+        self._room: anyio.Event | None = None  # made only when a sender must wait (many may)
         self._capacity = capacity
         self._from_clients = 0
         self._closed = False
@@ -128,7 +130,7 @@ class Mailbox(Generic[T]):
     async def wait_for_mail(self) -> None:
         """Return once the mailbox holds a message. Cancelling loses nothing."""
         while not self._queue:
-            self._arrived = anyio.Event()
+            self._arrived = Wakeup()
             await self._arrived.wait()
 
     def close(self) -> list[T]:

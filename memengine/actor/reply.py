@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-import anyio
+from .wakeup import Wakeup
 
 T = TypeVar("T")
 
@@ -27,7 +27,7 @@ class Reply(Generic[T]):
     __slots__ = ("_answered", "_done", "_error", "_on_abandon", "_value", "abandoned")
 
     def __init__(self) -> None:
-        self._done = anyio.Event()
+        self._done = Wakeup()
         self._value: T | None = None
         self._error: BaseException | None = None
         self._on_abandon: Callable[[], object] | None = None

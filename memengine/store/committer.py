@@ -49,6 +49,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from ..actor.wakeup import Wakeup
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
@@ -153,7 +154,7 @@ class GroupCommitStore:
         self.owner = owner or new_owner_id()
         self._queue: deque[_Submission] = deque()
         self._urgent: list[_Submission] = []  # lease renewals: into the next transaction, first
-        self._queue_filled = anyio.Event()
+        self._queue_filled = Wakeup()
         self._closing = False
         self._aborted = False  # read by the worker thread: stop starting transactions
         # Whether the worker thread is in a transaction, and whether closing gave up on it (then the
@@ -356,7 +357,7 @@ class GroupCommitStore:
                     if not self._queue and not self._urgent:
                         if self._closing:
                             return
-                        self._queue_filled = anyio.Event()
+                        self._queue_filled = Wakeup()
                         await self._queue_filled.wait()
                         continue
                     if self._aborted:

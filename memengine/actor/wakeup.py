@@ -1,0 +1,86 @@
+"""A one-shot wake-up for exactly one waiting task: what an actor, a reply and the committer wait on.
+
+It does what ``anyio.Event`` does for one waiter (set once, never cleared;
+waiting is a checkpoint, and cancelling the wait affects nothing else), at a
+fraction of the cost: every add sets and waits on two of them (the session's
+mailbox, then the caller's reply), and with ``anyio.Event`` these waits cost
+more than the rest of the event loop's work per add (``benchmarks/throughput.py``).
+
+Waiting parks the task with its event loop's own primitive: an asyncio future,
+or trio's ``wait_task_rescheduled`` (what ``trio.Event`` parks on too).
+:meth:`Wakeup.set` is called on the event loop's thread, never from another
+thread (as for ``anyio.Event``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio.lowlevel
+import sniffio
+
+
+class Wakeup:
+    """Set once; one task at a time may :meth:`wait` for it."""
+
+    __slots__ = ("_is_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._is_set = False
+        self._waiter: Any = None  # the parked asyncio future or trio task, while one waits
+
+    def is_set(self) -> bool:
+        return self._is_set
+
+    def set(self) -> None:
+        """Set it and wake the waiting task, if any (setting it again does nothing)."""
+        if self._is_set:
+            return
+        self._is_set = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            return
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():  # done: its task was cancelled and will raise where it waits
+                waiter.set_result(None)
+        else:
+            _trio().lowlevel.reschedule(waiter)
+
+    async def wait(self) -> None:
+        """Return once it is set (at once, after a checkpoint, if it already is).
+
+        A checkpoint either way: cancelled, it raises as ``anyio.Event.wait``
+        does, and the wake-up stays unset for a later wait.
+        """
+        if self._is_set:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._waiter is not None:
+            raise RuntimeError("a Wakeup has one waiter at a time")
+        if sniffio.current_async_library() == "trio":
+            await self._park_trio()
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiter = future
+        try:
+            await future
+        finally:
+            if self._waiter is future:  # cancelled before it was set
+                self._waiter = None
+
+    async def _park_trio(self) -> None:
+        trio = _trio()
+        self._waiter = trio.lowlevel.current_task()
+
+        def abort(_: object) -> Any:
+            self._waiter = None  # cancelled while parked: set() must not reschedule it
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def _trio() -> Any:
+    import trio  # imported only by trio programs, which have it already
+
+    return trio
