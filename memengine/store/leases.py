@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from ..errors import LeaseLostError, SessionBusyError
 from . import handover
-from .dialect import Db
+from .dialect import Db, placeholders
 
 _PER_STATEMENT = 1000  # leases per statement (two parameters each)
 
@@ -94,17 +94,23 @@ def require(db: Db, session_id: str, token: int) -> None:
 
 
 def all_held(db: Db, leases: Sequence[tuple[str, int]]) -> bool:
-    """Whether every ``(session_id, token)`` holds its live lease (one query for a group commit)."""
-    distinct = list(dict.fromkeys(leases))
-    if len(distinct) > _PER_STATEMENT:
+    """Whether every ``(session_id, token)`` holds its live lease (one query for a group commit).
+
+    The rows are found by session id (the primary key), and the tokens
+    compared here: matching ``(session_id, token)`` pairs in SQL made SQLite
+    scan every lease row ever written, for every group commit.
+    """
+    tokens = dict(leases)
+    if len(tokens) != len(set(leases)):
+        return False  # one session under two tokens: one of them is stale (the caller checks each on its own)
+    if len(tokens) > _PER_STATEMENT:
         return False  # the caller checks each one on its own
-    values = ", ".join(["(?, ?)"] * len(distinct))
     rows = db.execute(
-        f"SELECT session_id FROM session_leases WHERE expires_at > {{now}} "
-        f"AND (session_id, token) IN (VALUES {values}) ORDER BY session_id{{for_share}}",
-        [part for lease in distinct for part in lease],
+        f"SELECT session_id, token FROM session_leases WHERE session_id IN ({placeholders(len(tokens))}) "
+        f"AND expires_at > {{now}} ORDER BY session_id{{for_share}}",
+        list(tokens),
     ).fetchall()
-    return len(rows) == len(distinct)
+    return len(rows) == len(tokens) and all(tokens[session_id] == token for session_id, token in rows)
 
 
 def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float) -> set[str]:
