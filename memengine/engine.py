@@ -367,7 +367,7 @@ class Engine:
                 raise EngineClosedError("the engine is closed")
             actor = self._actors.get(session_id) or self._activate(session_id)
             if actor.mailbox.has_room():
-                actor.mailbox.send_now(message)
+                actor.receive(message)
                 return
             await actor.mailbox.wait_for_room()  # or the actor stopped: then a new activation
 

@@ -153,7 +153,7 @@ class _NoOperation(Operation):
         pass
 
 
-_NO_OPERATION = _NoOperation()
+NO_OPERATION = _NoOperation()
 
 
 class Telemetry:
@@ -208,9 +208,9 @@ class Telemetry:
     def operation(self, operation_name: str, method: str, session_id: str | None = None) -> Operation:
         """A traced operation; a no-op without opentelemetry, or while no provider is configured."""
         if self._tracer is None and self._meter is None:
-            return _NO_OPERATION
+            return NO_OPERATION
         if self._unconfigured is not None and self._unconfigured():
-            return _NO_OPERATION
+            return NO_OPERATION
         return Operation(self, operation_name, method, session_id)
 
     def start_span(self, name: str, kind: Any, attributes: dict[str, Any]) -> Any:

@@ -18,7 +18,11 @@ import asyncio
 from typing import Any
 
 import anyio.lowlevel
-import sniffio
+
+try:
+    import sniffio
+except ImportError:  # anyio does without it too: then nothing but asyncio runs (trio requires sniffio)
+    sniffio = None  # type: ignore[assignment]
 
 
 class Wakeup:
@@ -58,7 +62,7 @@ class Wakeup:
             return
         if self._waiter is not None:
             raise RuntimeError("a Wakeup has one waiter at a time")
-        if sniffio.current_async_library() == "trio":
+        if _under_trio():
             await self._park_trio()
             return
         future = asyncio.get_running_loop().create_future()
@@ -78,6 +82,20 @@ class Wakeup:
             return trio.lowlevel.Abort.SUCCEEDED
 
         await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def _under_trio() -> bool:
+    """Whether the running task is trio's: what ``sniffio.current_async_library()`` says, asking less.
+
+    trio names itself in sniffio's thread-local while it runs (and trio-asyncio
+    in its context variable); without either, the caller runs under asyncio.
+    """
+    if sniffio is None:
+        return False
+    name = sniffio.thread_local.name
+    if name is None:
+        name = sniffio.current_async_library_cvar.get()
+    return name == "trio"
 
 
 def _trio() -> Any:

@@ -137,6 +137,7 @@ class SessionActor:
         # Set once this activation may no longer hold the store's truth.
         self._given_up: LeaseLostError | None = None
         self._handling: SessionMessage | None = None
+        self._idle = False  # waiting for mail: an add may then be handled in its sender's task (receive)
         self._append_in_flight = False
         self._append_settled: anyio.Event | None = None  # made only when a handler must wait for it
         # Passivation: decided from the engine's ticks, so the hot path reads no clock.
@@ -250,11 +251,40 @@ class SessionActor:
                         self._idle_expired = self._close_requested = False  # stay active, try again later
                     continue  # messages may have arrived meanwhile
                 return  # no await since take(): nothing can have arrived
-            elif self._summary.retry_at is None:
+            else:
+                await self._idle_until_mail()
+
+    async def _idle_until_mail(self) -> None:
+        """Wait for a message (or the summary's retry time); an add may meanwhile be handled at once (receive)."""
+        self._idle = True
+        try:
+            if self._summary.retry_at is None:
                 await self.mailbox.wait_for_mail()
             else:
                 with anyio.CancelScope(deadline=self._summary.retry_at):
                     await self.mailbox.wait_for_mail()
+        finally:
+            self._idle = False
+
+    def receive(self, message: ClientMessage) -> None:
+        """Take a client's message (the caller checked that the mailbox has room).
+
+        An add that reaches an idle actor (waiting for mail, nothing queued, no
+        append in flight) is handled here and now, in the sender's task,
+        exactly as the actor would handle it on waking: nothing can be ahead of
+        it, and submitting an append never waits (its completion answers the
+        caller, as for any add). That saves each add a task switch. Every
+        other message, and an add in any other state, goes to the mailbox.
+        """
+        if type(message) is AddEpisodes and self._idle and self.mailbox.empty:
+            if not self._append_in_flight and self._given_up is None:
+                self._client_activity()
+                try:
+                    self._submit_add(message)
+                except Exception as exc:
+                    self._handler_failed(message, exc)
+                return
+        self.mailbox.send_now(message)
 
     def _may_passivate(self) -> bool:
         if not (self._close_requested or self._idle_expired):
@@ -281,9 +311,7 @@ class SessionActor:
             case LeaseLost():
                 self._give_up(message.error)
                 return
-        self._active_since_tick = True
-        self._idle_expired = False
-        self._close_requested = False
+        self._client_activity()
         try:
             match message:
                 case AddEpisodes():
@@ -305,19 +333,31 @@ class SessionActor:
         except NotHandled:
             self._handing_on.keep(message)
         except Exception as exc:
-            # The operation failed (the store rolled it back, or its outcome is in doubt): tell its caller.
-            if means_reload(exc):
-                self._give_up(exc)
-                if self._handing_on.keep_if_abandoned(message):
-                    return
-            self._fail(message, exc)
+            self._handler_failed(message, exc)
+
+    def _client_activity(self) -> None:
+        self._active_since_tick = True
+        self._idle_expired = False
+        self._close_requested = False
+
+    def _handler_failed(self, message: ClientMessage, exc: Exception) -> None:
+        # The operation failed (the store rolled it back, or its outcome is in doubt): tell its caller.
+        if means_reload(exc):
+            self._give_up(exc)
+            if self._handing_on.keep_if_abandoned(message):
+                return
+        self._fail(message, exc)
 
     async def _on_add(self, message: AddEpisodes) -> None:
         # The handler does not wait for the commit, so the actor goes on with
         # its mailbox; a second append waits for the first, whose seqs it follows.
         if self._append_in_flight or self._given_up is not None:  # (the usual add skips a coroutine)
             await self._settle_append()
-        # No await from here on: the adds taken out of the mailbox are owned by the append's completion.
+        self._submit_add(message)
+
+    def _submit_add(self, message: AddEpisodes) -> None:
+        """Submit ``message``, and the adds queued right behind it, as one append (no append is in flight)."""
+        # No await here: the adds taken out of the mailbox are owned by the append's completion.
         batch = AddBatch.gather(message, self.mailbox)
         try:
             self._store.submit_append(

@@ -18,7 +18,7 @@ from ..context import Context
 from ..episode import Episode, encode_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
 from ..limits import require_seq
-from ..telemetry import Telemetry
+from ..telemetry import NO_OPERATION, Telemetry
 from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
 
 T = TypeVar("T")
@@ -77,16 +77,20 @@ class Session:
         not stored again; the earlier stored episode is returned in its place.
         A rejected argument stores nothing.
         """
-        with self._engine._telemetry.operation("create_memory", "add", self._id) as traced:
-            batch = _checked_batch(_episodes_argument(episodes), self._engine.config)
-            stored: tuple[Episode, ...]
-            if batch:
-                stored = await self._request(lambda reply: AddEpisodes(batch, reply))
-            else:
-                stored = await self._request(None, ())
+        traced = self._engine._telemetry.operation("create_memory", "add", self._id)
+        if traced is NO_OPERATION:  # nothing is traced (the usual case): none of its bookkeeping per add
+            return await self._add(episodes)
+        with traced:
+            stored = await self._add(episodes)
             traced.count(len(stored))
             traced.content("gen_ai.memory.content", lambda: [[episode.role, episode.content] for episode in stored])
             return stored
+
+    async def _add(self, episodes: Iterable[Episode]) -> tuple[Episode, ...]:
+        batch = _checked_batch(_episodes_argument(episodes), self._engine.config)
+        if batch:
+            return await self._request(lambda reply: AddEpisodes(batch, reply))
+        return await self._request(None, ())
 
     async def context(self, *, wait_for_summary: bool = False) -> Context:
         """The summary and the raw episodes after it, with no gap and no overlap.
@@ -166,11 +170,13 @@ class Session:
 
 
 def _episodes_argument(episodes: Iterable[Episode]) -> tuple[Episode, ...]:
-    if isinstance(episodes, (Episode, str, bytes)) or not isinstance(episodes, Iterable):
-        raise TypeError(f"add() takes an iterable of Episode, not {type(episodes).__name__}")
+    kind = type(episodes)
+    if kind is not tuple and kind is not list:  # (the usual arguments skip the slower checks)
+        if isinstance(episodes, (Episode, str, bytes)) or not isinstance(episodes, Iterable):
+            raise TypeError(f"add() takes an iterable of Episode, not {type(episodes).__name__}")
     batch = tuple(episodes)
     for episode in batch:
-        if not isinstance(episode, Episode):
+        if type(episode) is not Episode and not isinstance(episode, Episode):
             raise TypeError(f"add() takes Episode objects, not {type(episode).__name__}")
     return batch
 
@@ -181,6 +187,11 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[E
     The session stores and shows the snapshot, so editing an episode's
     metadata after ``add`` changes nothing stored or read.
     """
+    for episode in batch:
+        if episode.metadata or len(episode.content) > config.max_content_chars:
+            break
+    else:
+        return batch  # the usual case: nothing to refuse, no metadata to snapshot
     checked = []
     for episode in batch:
         if len(episode.content) > config.max_content_chars:

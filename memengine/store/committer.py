@@ -106,13 +106,13 @@ class _Submission:
 
     def __init__(
         self,
-        operation: Operation[Any],
+        operation: Operation[Any] | None,
         done: Completion[Any] | None = None,
         append: _Append | None = None,
         size: int = 1,
         chars: int = 0,
     ) -> None:
-        self.operation = operation
+        self.operation = operation  # None for an append: journal.append over ``append``
         self.done = done
         self.append = append  # set for appends, which can also run together (see _append_run)
         self.size = size  # rows it stores (one for most operations)
@@ -578,7 +578,11 @@ class GroupCommitStore:
         submission.result = None
         submission.error = None
         try:
-            submission.result = submission.operation(db)
+            if submission.operation is None:  # an append, run on its own (see _append_run for the usual way)
+                session_id, token, first_seq, episodes = submission.append  # type: ignore[misc]
+                submission.result = journal.append(db, session_id, token, first_seq, episodes)
+            else:
+                submission.result = submission.operation(db)
         except self._dialect.transient as exc:
             submission.error = StoreError(str(exc))
             self._transient = True
@@ -808,10 +812,7 @@ class GroupCommitStore:
         if len(episodes) > TRANSACTION_ROWS or chars > TRANSACTION_CHARS:
             _AppendInParts(self, session_id, token, first_seq, episodes, done).start()
             return
-        operation = functools.partial(
-            journal.append, session_id=session_id, token=token, first_seq=first_seq, episodes=episodes
-        )
-        self._enqueue(_Submission(operation, done, (session_id, token, first_seq, episodes), len(episodes), chars))
+        self._enqueue(_Submission(None, done, (session_id, token, first_seq, episodes), len(episodes), chars))
 
     def submit_eviction(self, session_id: str, token: int, through_seq: int, done: Completion[None]) -> None:
         operation = functools.partial(
