@@ -122,3 +122,32 @@ def test_replay_drives_the_engine_and_the_engine_does_not_know_replay() -> None:
         if module.startswith("memengine.session."):
             assert "memengine.replay" not in targets, module
             assert "memengine.engine" not in targets, module
+
+
+def _event_loop_imports(path: Path) -> set[str]:
+    """The event loop libraries (asyncio, trio, sniffio) a module imports directly, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found.update(name.partition(".")[0] for name in names if name.partition(".")[0] in EVENT_LOOPS)
+    return found
+
+
+EVENT_LOOPS = {"asyncio", "trio", "sniffio"}
+
+
+def test_only_the_wakeup_talks_to_an_event_loop_directly() -> None:
+    """memengine talks to anyio, with two exceptions: one measured shim and one asyncio-only framework.
+
+    The wake-up every add waits on twice (actor/wakeup.py) parks on the loop's
+    own primitive; the OpenAI Agents SDK runs on asyncio only, and so does its adapter.
+    """
+    direct = {name: imported for name, path in _module_names().items() if (imported := _event_loop_imports(path))}
+    assert direct == {"memengine.actor.wakeup": EVENT_LOOPS, "memengine.integrations.openai_agents": {"asyncio"}}, (
+        direct
+    )

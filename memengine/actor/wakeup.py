@@ -10,6 +10,10 @@ Waiting parks the task with its event loop's own primitive: an asyncio future,
 or trio's ``wait_task_rescheduled`` (what ``trio.Event`` parks on too).
 :meth:`Wakeup.set` is called on the event loop's thread, never from another
 thread (as for ``anyio.Event``).
+
+This is the one module of the engine that talks to asyncio and trio rather
+than to anyio alone (tests/test_layout.py keeps it so): a shim as small as the
+saving is large, tested on both backends (tests/test_wakeup.py).
 """
 
 from __future__ import annotations

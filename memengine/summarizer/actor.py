@@ -2,7 +2,7 @@
 
 The session sends it a :class:`SummarizeBatch` (the previous summary and the
 evicted episodes not yet summarized). It calls the summarizer, retrying with
-tenacity, stores the new summary, and only *then* acknowledges to the session
+backoff (retrying.py), stores the new summary, and only *then* acknowledges to the session
 with :class:`~memengine.session.messages.SummaryStored`. If it is cancelled or
 crashes before that, the episodes are still unsummarized in the store and
 nothing is lost. A caller waiting for a summary never awaits this actor: it
@@ -18,13 +18,12 @@ from collections.abc import Callable
 
 import anyio
 import attrs
-import tenacity
 
 from ..actor.mailbox import Mailbox
 from ..config import SessionConfig
 from ..episode import Episode
 from ..errors import LeaseLostError, SummaryError, UncertainCommitError
-from ..retrying import backoff_retrying
+from ..retrying import with_retries
 from ..session.messages import SummaryFailed, SummaryStored
 from ..store.base import Store
 from ..telemetry import NO_TELEMETRY, Telemetry
@@ -73,10 +72,6 @@ class SummarizerActor:
         self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
         self._newest_generation = 0
         self._current: tuple[int, anyio.CancelScope] | None = None
-        # Reused for each batch in turn (this actor summarizes one batch at a time).
-        self._retrying = backoff_retrying(
-            config.summarize_attempts, config.summarize_backoff, config.summarize_backoff_max, self._log_retry
-        )
 
     def submit(self, batch: SummarizeBatch) -> None:
         self._mailbox.put(batch)
@@ -105,13 +100,22 @@ class SummarizerActor:
                 self._acknowledge(outcome)
 
     async def _summarize_and_store(self, batch: SummarizeBatch) -> SummaryStored | SummaryFailed:
-        attempts = 0
+        attempts = 1  # the try that raised, if with_retries itself raises (it counts them)
+
+        async def call() -> str:
+            async with self._limiter:  # a slot per call: none is held through a backoff sleep
+                return await self._summarize(batch)
+
+        def before_sleep(attempt: int, error: Exception, seconds: float) -> None:
+            nonlocal attempts
+            attempts = attempt + 1
+            self._log_retry(attempt, error, seconds)
+
         try:
-            async for attempt in self._retrying:
-                with attempt:
-                    attempts += 1
-                    async with self._limiter:  # a slot per call: none is held through a backoff sleep
-                        summary = await self._summarize(batch)
+            config = self._config
+            summary, attempts = await with_retries(
+                call, config.summarize_attempts, config.summarize_backoff, config.summarize_backoff_max, before_sleep
+            )
             stored = await self._store.store_summary(
                 self._session_id, batch.token, batch.generation, batch.through_seq, summary
             )
@@ -153,17 +157,15 @@ class SummarizerActor:
             raise SummaryError(f"the summarizer returned {summary!r}, not a non-empty string")
         return storable(summary)
 
-    def _log_retry(self, state: tenacity.RetryCallState) -> None:
-        outcome = state.outcome
-        error = outcome.exception() if outcome is not None else None
+    def _log_retry(self, attempt: int, error: Exception, seconds: float) -> None:
         log.warning(
             "session %r: summarizer attempt %d failed (%s); retrying in %.2fs",
             self._session_id,
-            state.attempt_number,
+            attempt,
             _one_line(error),
-            state.upcoming_sleep,
+            seconds,
         )
-        log.debug("session %r: summarizer attempt %d failed", self._session_id, state.attempt_number, exc_info=error)
+        log.debug("session %r: summarizer attempt %d failed", self._session_id, attempt, exc_info=error)
 
 
 def storable(summary: str) -> str:
