@@ -117,7 +117,7 @@ class _Submission:
         self.append = append  # set for appends, which can also run together (see _append_run)
         self.size = size  # rows it stores (one for most operations)
         self.chars = chars  # characters of content it stores
-        self.finished: anyio.Event | None = None  # for callers that await the outcome
+        self.finished: Wakeup | None = None  # for the one caller that awaits the outcome
         self.result: Any = None
         self.error: BaseException | None = None
         self.refused = False  # it waited too long for a lock (or ran too long): not run again with the rest
@@ -267,7 +267,7 @@ class GroupCommitStore:
         If the caller is cancelled while waiting, the operation still runs.
         """
         submission = _Submission(operation)
-        submission.finished = anyio.Event()
+        submission.finished = Wakeup()
         self._enqueue(submission, urgent=urgent)
         await submission.finished.wait()
         if submission.error is not None:

@@ -103,8 +103,16 @@ class SummarizerActor:
         attempts = 1  # the try that raised, if with_retries itself raises (it counts them)
 
         async def call() -> str:
-            async with self._limiter:  # a slot per call: none is held through a backoff sleep
+            # A slot per call: none is held through a backoff sleep. Taken at once when one is
+            # free: acquire() would first yield to the loop twice, on every summarizer call.
+            try:
+                self._limiter.acquire_nowait()
+            except anyio.WouldBlock:
+                await self._limiter.acquire()
+            try:
                 return await self._summarize(batch)
+            finally:
+                self._limiter.release()
 
         def before_sleep(attempt: int, error: Exception, seconds: float) -> None:
             nonlocal attempts
