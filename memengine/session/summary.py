@@ -37,8 +37,7 @@ class SessionSummary:
         self._child = child
         self._config = config
         self._count_tokens = count_tokens
-        #: Tokens of the current summary (counted once per summary).
-        self.tokens = 0
+        self._tokens: int | None = 0  # the current summary's tokens; None until first asked for (see tokens)
         #: Changes on every clear/delete; a summary computed under an older one never lands.
         self.generation = 0
         self.text: str | None = None
@@ -52,6 +51,13 @@ class SessionSummary:
         #: Failed rounds in a row (and the summarizer calls they made) since the last stored summary.
         self.failed_rounds = 0
         self.failed_attempts = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the current summary: counted once per summary, when first needed (a read, a token bound)."""
+        if self._tokens is None:
+            self._tokens = self._count(self.text)
+        return self._tokens
 
     @property
     def busy(self) -> bool:
@@ -82,7 +88,7 @@ class SessionSummary:
         self._child.abandon_before(snapshot.generation)
         self.generation = snapshot.generation
         self.text = snapshot.summary
-        self.tokens = self._count(snapshot.summary)
+        self._tokens = None
         self.through = snapshot.summarized_through
         self._in_flight = False
         self.retry_at = None
@@ -122,7 +128,7 @@ class SessionSummary:
         window.drop_through(message.through_seq)
         self.failed_rounds = self.failed_attempts = 0
         self.text = message.summary
-        self.tokens = self._count(message.summary)
+        self._tokens = None
         self.through = message.through_seq
         return True
 

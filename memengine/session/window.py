@@ -29,6 +29,7 @@ the window or the history.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 import attrs
@@ -177,7 +178,7 @@ class RawWindow:
         raw = self.raw
         while covered < self.evicted and raw[covered].seq <= seq:  # type: ignore[operator]
             covered += 1
-        for links in self._links[:covered]:
+        for links in self._links[:covered] if self._call_at or self._result_at else ():
             for call_id in links.calls:
                 self._call_at.pop(call_id, None)
             for call_id in links.results:
@@ -282,10 +283,14 @@ class RawWindow:
     def _chunk_start(self) -> int:
         """Where the window starts once evicted down to the low-water mark."""
         index = self.evicted
-        count = len(self.raw) - index
+        end = len(self.raw)
+        count = end - index
         chars, tokens = self._window_chars, self._window_tokens
-        while index < len(self.raw) and not self._low_water.holds(count, chars, tokens):
-            more_chars, more_tokens = self._sizes[index]
+        low = self._low_water
+        max_tokens = math.inf if low.tokens is None else low.tokens  # (Budget.holds, unrolled: once per episode)
+        sizes = self._sizes
+        while index < end and (count > low.episodes or chars > low.chars or tokens > max_tokens):
+            more_chars, more_tokens = sizes[index]
             chars -= more_chars
             tokens -= more_tokens
             count -= 1
@@ -321,6 +326,8 @@ class RawWindow:
 
     def _group_closure(self, lower: int, target: int) -> int:
         """The first index at or after ``target`` where no tool group of ``raw[lower:]`` is cut in two."""
+        if not self._call_at:
+            return min(target, len(self.raw))  # no tool call in the raw window: no group to keep whole
         index = lower
         end = target
         while index < end:
@@ -333,6 +340,8 @@ class RawWindow:
 
     def _safe_cut_at_or_before(self, cut: int) -> int:
         """The last index at or before ``cut`` that cuts no tool group in two (0 if none)."""
+        if not self._call_at:
+            return cut  # no tool call in the raw window
         while cut > 0:
             crossing = None
             for index in range(cut):
@@ -349,6 +358,8 @@ class RawWindow:
 
     def _oldest_open_call(self, lower: int, upper: int) -> int | None:
         """Index of the first episode in ``raw[lower:upper]`` with a call no result answered yet."""
+        if not self._call_at:
+            return None  # no tool call in the raw window
         for index in range(lower, upper):
             if any(call_id not in self._result_at for call_id in self._links[index].calls):
                 return index
