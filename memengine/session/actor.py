@@ -396,15 +396,18 @@ class SessionActor:
                 self._fail(message, error or StoreError("the append was not stored"))
             return
         new = [episode for episode, is_new in results if is_new]
+        window = self._window
         if new:
-            self._window.append(new)
+            window.append(new)
             self._last_seq = new[-1].seq  # type: ignore[assignment]
-            self._keep_boundary()
+            if window.evicted:
+                self._keep_boundary()
         # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
         for message, own in batch.split(results):
             self._answer(message, tuple([episode for episode, _ in own]))
         if new:
-            self._dispatch_summary()
+            if window.evicted and not self._summary.busy:  # (what dispatch checks first, asked here per add)
+                self._dispatch_summary()
             if self._retain is not None:
                 self._retain.if_due()
 

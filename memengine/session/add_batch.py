@@ -19,7 +19,7 @@ add queued after one is never stored before it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import attrs
 
@@ -71,12 +71,14 @@ class AddBatch:
             return self.messages[0].episodes
         return tuple(episode for message in self.messages for episode in message.episodes)
 
-    def split(self, results: AppendResult) -> Iterator[tuple[AddEpisodes, AppendResult]]:
+    def split(self, results: AppendResult) -> Iterable[tuple[AddEpisodes, AppendResult]]:
         """Each add with the results of its own episodes."""
         if len(self.messages) == 1:
             assert len(self.messages[0].episodes) == len(results), (len(self.messages[0].episodes), len(results))
-            yield self.messages[0], results
-            return
+            return ((self.messages[0], results),)
+        return self._split(results)
+
+    def _split(self, results: AppendResult) -> Iterator[tuple[AddEpisodes, AppendResult]]:
         start = 0
         for message in self.messages:
             end = start + len(message.episodes)

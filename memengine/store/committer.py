@@ -808,7 +808,7 @@ class GroupCommitStore:
     def submit_append(
         self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
     ) -> None:
-        chars = sum([len(e.content) for e in episodes])
+        chars = len(episodes[0].content) if len(episodes) == 1 else sum([len(e.content) for e in episodes])
         if len(episodes) > TRANSACTION_ROWS or chars > TRANSACTION_CHARS:
             _AppendInParts(self, session_id, token, first_seq, episodes, done).start()
             return
