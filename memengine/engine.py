@@ -362,14 +362,20 @@ class Engine:
         When the mailbox is full (``SessionConfig.mailbox_capacity`` calls
         waiting), wait for room. Cancelled while waiting, nothing was sent.
         """
-        while True:
-            if self._closed:
-                raise EngineClosedError("the engine is closed")
-            actor = self._actors.get(session_id) or self._activate(session_id)
-            if actor.mailbox.has_room():
-                actor.receive(message)
-                return
-            await actor.mailbox.wait_for_room()  # or the actor stopped: then a new activation
+        while not self._send_now(session_id, message):
+            actor = self._actors.get(session_id)
+            if actor is not None:
+                await actor.mailbox.wait_for_room()  # or the actor stopped: then a new activation
+
+    def _send_now(self, session_id: str, message: ClientMessage) -> bool:
+        """:meth:`_send` without waiting: False (nothing sent) when the session's mailbox is full."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        actor = self._actors.get(session_id) or self._activate(session_id)
+        if not actor.mailbox.has_room():
+            return False
+        actor.receive(message)
+        return True
 
     def _hand_on(self, session_id: str, message: ClientMessage) -> None:
         """Give a message an activation that stopped without handling it to a new one (never waits)."""

@@ -41,13 +41,13 @@ async def test_thousands_of_abandoned_waiting_reads_leave_nothing_behind(db_path
         await session.add(turns(2))
         await summarizer.wait_until_called()
         replies = []
-        send = engine._send
+        send_now = engine._send_now
 
-        async def spying_send(session_id, message):  # keeps a weak reference to every message sent
+        def spying_send_now(session_id, message):  # keeps a weak reference to every message sent
             replies.append(weakref.ref(message))
-            await send(session_id, message)
+            return send_now(session_id, message)
 
-        engine._send = spying_send  # type: ignore[method-assign]
+        engine._send_now = spying_send_now  # type: ignore[method-assign]
         for _ in range(2000):
             with anyio.move_on_after(0.0005):
                 await session.context(wait_for_summary=True)

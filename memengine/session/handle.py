@@ -38,6 +38,9 @@ class SessionHost(Protocol):
     async def _send(self, session_id: str, message: ClientMessage) -> None:
         """Put ``message`` in the session's mailbox (activating it if needed); wait only for room."""
 
+    def _send_now(self, session_id: str, message: ClientMessage) -> bool:
+        """:meth:`_send` if the mailbox has room (True); else send nothing and return False."""
+
 
 class Session:
     """A handle on one session. Get one with :meth:`Engine.session`.
@@ -165,7 +168,9 @@ class Session:
             return nothing_to_do
         await anyio.lowlevel.checkpoint_if_cancelled()
         reply: Reply[T] = Reply()
-        await self._engine._send(self._id, message(reply))  # waits only while the session's mailbox is full
+        sent = message(reply)
+        if not self._engine._send_now(self._id, sent):
+            await self._engine._send(self._id, sent)  # waits only while the session's mailbox is full
         return await reply.wait()
 
 
