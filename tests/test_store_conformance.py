@@ -9,7 +9,7 @@ reason shown, only when no server is reachable.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -292,6 +292,53 @@ async def test_a_busy_session_does_not_fail_the_operations_sharing_its_transacti
             group.start_soon(add_mine)
     assert isinstance(outcomes["held"], SessionBusyError) and outcomes["mine"][1] is None
     assert rows.query("SELECT content FROM episodes") == [("mine",)]
+
+
+async def test_evictions_and_appends_sharing_a_transaction_are_each_checked_against_their_own_lease(
+    store_url, rows
+) -> None:
+    """A transaction runs its appends together and its eviction boundaries together; a stale lease fails its own."""
+    async with two_processes(store_url) as (a, b):
+        tokens = {name: (await a.activate(name, TTL))[0] for name in ("s1", "s2", "s3")}
+        for name in tokens:
+            _, error = await append(a, name, tokens[name], 1, *says("one", "two", "three"))
+            assert error is None
+        stale = tokens["s2"]
+        await a.release_lease("s2", stale)
+        tokens["s2"], _ = await b.activate("s2", TTL)  # another process has s2 now
+        outcomes: dict[str, object] = {}
+        done = anyio.Event()
+
+        def completion(name: str) -> Callable[[object, BaseException | None], None]:
+            def complete(result: object, error: BaseException | None) -> None:
+                outcomes[name] = error if error is not None else result
+                if len(outcomes) == 6:
+                    done.set()
+
+            return complete
+
+        # All six in one batch (nothing awaits in between): evictions and appends interleaved, one of each stale.
+        a.submit_eviction("s1", tokens["s1"], 2, completion("evict s1"))
+        a.submit_append("s1", tokens["s1"], 4, says("four"), completion("add s1"))
+        a.submit_eviction("s2", stale, 2, completion("evict s2"))
+        a.submit_append("s2", stale, 4, says("stale four"), completion("add s2"))
+        a.submit_eviction("s3", tokens["s3"], 3, completion("evict s3"))
+        a.submit_append("s3", tokens["s3"], 4, says("four"), completion("add s3"))
+        with anyio.fail_after(30):
+            await done.wait()
+    assert isinstance(outcomes["evict s2"], LeaseLostError) and isinstance(outcomes["add s2"], LeaseLostError)
+    assert outcomes["evict s1"] is None and outcomes["evict s3"] is None
+    assert [e.seq for e, _ in outcomes["add s1"]] == [4] and [e.seq for e, _ in outcomes["add s3"]] == [4]  # type: ignore[union-attr]
+    assert rows.query("SELECT session_id, evicted_through FROM sessions ORDER BY session_id") == [
+        ("s1", 2),
+        ("s2", 0),
+        ("s3", 3),
+    ]
+    assert rows.query("SELECT session_id, max(seq) FROM episodes GROUP BY session_id ORDER BY session_id") == [
+        ("s1", 4),
+        ("s2", 3),
+        ("s3", 4),
+    ]
 
 
 async def test_connections_dropped_while_idle_are_replaced_and_nothing_fails(store_url) -> None:

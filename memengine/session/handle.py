@@ -6,8 +6,8 @@ needs of whoever made it), so this module does not depend on the engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -89,11 +89,10 @@ class Session:
             traced.content("gen_ai.memory.content", lambda: [[episode.role, episode.content] for episode in stored])
             return stored
 
-    async def _add(self, episodes: Iterable[Episode]) -> tuple[Episode, ...]:
+    def _add(self, episodes: Iterable[Episode]) -> Awaitable[tuple[Episode, ...]]:
+        """The add's request, its argument checked (a plain function: no coroutine of its own per add)."""
         batch = _checked_batch(_episodes_argument(episodes), self._engine.config)
-        if batch:
-            return await self._request(lambda reply: AddEpisodes(batch, reply))
-        return await self._request(None, ())
+        return self._request(AddEpisodes, batch) if batch else self._nothing_to_do(())
 
     async def context(self, *, wait_for_summary: bool = False) -> Context:
         """The summary and the raw episodes after it, with no gap and no overlap.
@@ -106,7 +105,7 @@ class Session:
         with self._engine._telemetry.operation("search_memory", "context", self._id) as traced:
             if not isinstance(wait_for_summary, bool):
                 raise TypeError(f"wait_for_summary must be a bool, not {type(wait_for_summary).__name__}")
-            context: Context = await self._request(lambda reply: ReadContext(wait_for_summary, reply))
+            context: Context = await self._request(ReadContext, wait_for_summary)
             traced.count(len(context.episodes))
             traced.content("gen_ai.memory.content", context.to_openai_chat)
             return context
@@ -123,9 +122,9 @@ class Session:
             wanted = _seqs_argument(seqs)
             deleted: int
             if wanted:
-                deleted = await self._request(lambda reply: DeleteEpisodes(wanted, reply))
+                deleted = await self._request(DeleteEpisodes, wanted)
             else:
-                deleted = await self._request(None, 0)
+                deleted = await self._nothing_to_do(0)
             traced.count(deleted)
             return deleted
 
@@ -159,19 +158,23 @@ class Session:
         except EngineClosedError:
             pass
 
-    async def _request(self, message: Callable[[Reply[T]], ClientMessage] | None, nothing_to_do: T = None) -> T:  # type: ignore[assignment]
-        """Send a message and wait for its reply (with no message, just check and checkpoint)."""
+    async def _request(self, make: Callable[..., ClientMessage], *fields: Any) -> Any:
+        """Send the message ``make(*fields, reply)`` and wait for its reply."""
         if self._closed:
             raise SessionClosedError(f"session handle {self._id!r} is closed")
-        if message is None:
-            await anyio.lowlevel.checkpoint()
-            return nothing_to_do
         await anyio.lowlevel.checkpoint_if_cancelled()
-        reply: Reply[T] = Reply()
-        sent = message(reply)
-        if not self._engine._send_now(self._id, sent):
-            await self._engine._send(self._id, sent)  # waits only while the session's mailbox is full
+        reply: Reply[Any] = Reply()
+        message = make(*fields, reply)
+        if not self._engine._send_now(self._id, message):
+            await self._engine._send(self._id, message)  # waits only while the session's mailbox is full
         return await reply.wait()
+
+    async def _nothing_to_do(self, answer: T) -> T:
+        """A call that needs no message: refused on a closed handle all the same, and a checkpoint."""
+        if self._closed:
+            raise SessionClosedError(f"session handle {self._id!r} is closed")
+        await anyio.lowlevel.checkpoint()
+        return answer
 
 
 def _episodes_argument(episodes: Iterable[Episode]) -> tuple[Episode, ...]:

@@ -102,7 +102,7 @@ def new_owner_id() -> str:
 class _Submission:
     """One operation waiting for its transaction."""
 
-    __slots__ = ("append", "chars", "done", "error", "finished", "operation", "refused", "result", "size")
+    __slots__ = ("append", "chars", "done", "error", "eviction", "finished", "operation", "refused", "result", "size")
 
     def __init__(
         self,
@@ -115,6 +115,7 @@ class _Submission:
         self.operation = operation  # None for an append: journal.append over ``append``
         self.done = done
         self.append = append  # set for appends, which can also run together (see _append_run)
+        self.eviction: tuple[str, int, int] | None = None  # likewise for eviction boundaries (_eviction_run)
         self.size = size  # rows it stores (one for most operations)
         self.chars = chars  # characters of content it stores
         self.finished: Wakeup | None = None  # for the one caller that awaits the outcome
@@ -474,21 +475,28 @@ class GroupCommitStore:
                 submission.result = None
                 submission.error = StoreError(f"could not begin a transaction: {exc}")
             return True
+        rest = batch
+        if not isolate:
+            # Appends first, all in one statement, then eviction boundaries, all in another: they
+            # commute with every other operation a transaction can hold (a session's own deletes,
+            # clears and reads wait for its append; retain batches and summaries only read what an
+            # earlier commit stored), so their order among the rest does not matter.
+            appends = [submission for submission in batch if submission.append is not None]
+            evictions = [submission for submission in batch if submission.eviction is not None]
+            if appends and not self._append_run(db, appends):
+                self._rollback(db)
+                return False
+            if evictions and not self._eviction_run(db, evictions):
+                self._rollback(db)
+                return False
+            if appends or evictions:
+                rest = [submission for submission in batch if submission.append is None and submission.eviction is None]
         index = 0
-        while index < len(batch):
+        while index < len(rest):
             if self._transient or self._aborted:
                 self._rollback(db)
                 return False
-            submission = batch[index]
-            if not isolate and submission.append is not None:
-                end = index + 1
-                while end < len(batch) and batch[end].append is not None:
-                    end += 1
-                if not self._append_run(db, batch[index:end]):
-                    self._rollback(db)
-                    return False
-                index = end
-                continue
+            submission = rest[index]
             index += 1
             if not isolate:
                 if not self._run_one(db, submission):
@@ -571,6 +579,29 @@ class GroupCommitStore:
             return True
         db.execute("ROLLBACK TO appends")
         db.execute("RELEASE appends")
+        return all([self._run_one(db, submission) for submission in run])
+
+    def _eviction_run(self, db: Db, run: list[_Submission]) -> bool:
+        """Store the eviction boundaries of several sessions with one lease query and one statement.
+
+        If a lease is stale, the run is undone and each boundary takes its own
+        path (journal.record_eviction), which refuses only the stale one.
+        """
+        evictions = [submission.eviction for submission in run]
+        db.execute("SAVEPOINT evictions")
+        try:
+            held = leases.all_held(db, [(session_id, token) for session_id, token, _ in evictions])  # type: ignore[misc]
+            if held:
+                journal.record_evictions(db, evictions)  # type: ignore[arg-type]
+        except self._dialect.errors:
+            held = False
+        if held:
+            db.execute("RELEASE evictions")
+            for submission in run:
+                submission.result = submission.error = None
+            return True
+        db.execute("ROLLBACK TO evictions")
+        db.execute("RELEASE evictions")
         return all([self._run_one(db, submission) for submission in run])
 
     def _run_one(self, db: Db, submission: _Submission) -> bool:
@@ -818,7 +849,9 @@ class GroupCommitStore:
         operation = functools.partial(
             journal.record_eviction, session_id=session_id, token=token, through_seq=through_seq
         )
-        self._enqueue(_Submission(operation, done))
+        submission = _Submission(operation, done)
+        submission.eviction = (session_id, token, through_seq)  # so that evictions run together (_eviction_run)
+        self._enqueue(submission)
 
     async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
         return await self._submit(

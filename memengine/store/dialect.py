@@ -103,8 +103,13 @@ class Db:
     def execute(self, template: str, params: Sequence[Any] = ()) -> Any:
         return self.conn.execute(self.text(template), params)
 
-    def executemany(self, template: str, rows: Sequence[Sequence[Any]]) -> Any:
-        return self.conn.executemany(self.text(template), rows)
+    def executemany(self, template: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run ``template`` once per row (a sqlite3 connection does it itself; with psycopg, a cursor does)."""
+        if self.dialect.name == "postgresql":
+            with self.conn.cursor() as cursor:
+                cursor.executemany(self.text(template), rows)
+            return
+        self.conn.executemany(self.text(template), rows)
 
 
 def placeholders(count: int) -> str:

@@ -306,6 +306,14 @@ def record_eviction(db: Db, session_id: str, token: int, through_seq: int) -> No
     )
 
 
+def record_evictions(db: Db, evictions: Sequence[tuple[str, int, int]]) -> None:
+    """:func:`record_eviction` for several ``(session_id, token, through_seq)``, their leases checked by the caller."""
+    db.executemany(
+        "UPDATE sessions SET evicted_through = {greatest}(evicted_through, ?) WHERE session_id = ?",
+        [(through_seq, session_id) for session_id, _, through_seq in evictions],
+    )
+
+
 def activate(db: Db, session_id: str, owner: str, ttl: float) -> tuple[int, SessionSnapshot] | SessionBusyError:
     """Take the session's lease and load its state, in one transaction (or say who holds it)."""
     token = leases.acquire(db, session_id, owner, ttl)
