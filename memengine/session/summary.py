@@ -109,10 +109,16 @@ class SessionSummary:
             return chars <= max_chars and (max_tokens is None or tokens <= max_tokens)
 
         end = window.batch_end(config.summarize_batch_max, fits)
-        batch = tuple(
-            _cut(episode, *window.size(index), max_chars, max_tokens)
-            for index, episode in enumerate(window.pending[:end])
-        )
+        pending, sizes = window.pending[:end], window.sizes(end)
+        if max([chars for chars, _ in sizes]) <= max_chars and (
+            max_tokens is None or max([tokens for _, tokens in sizes]) <= max_tokens
+        ):
+            batch = tuple(pending)  # (the usual case: no episode needs cutting)
+        else:
+            batch = tuple(
+                _cut(episode, chars, tokens, max_chars, max_tokens)
+                for episode, (chars, tokens) in zip(pending, sizes, strict=True)
+            )
         self._child.submit(SummarizeBatch(self.generation, self.text, batch, token))
         self._in_flight = True
 

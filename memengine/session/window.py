@@ -28,8 +28,10 @@ the window or the history.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 
 import attrs
@@ -40,6 +42,8 @@ from ..tokens import Tokenizer, checked, estimate_tokens
 from ..tool_calls import NO_LINKS, ToolLinks, tool_links
 
 log = logging.getLogger("memengine.session")
+
+_seq_of = operator.attrgetter("seq")
 
 
 def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
@@ -174,10 +178,8 @@ class RawWindow:
 
     def drop_through(self, seq: int) -> int:
         """Forget the episodes now covered by a summary through ``seq``; return how many."""
-        covered = 0
         raw = self.raw
-        while covered < self.evicted and raw[covered].seq <= seq:  # type: ignore[operator]
-            covered += 1
+        covered = bisect.bisect_right(raw, seq, 0, self.evicted, key=_seq_of)  # raw is in seq order
         for links in self._links[:covered] if self._call_at or self._result_at else ():
             for call_id in links.calls:
                 self._call_at.pop(call_id, None)
@@ -186,11 +188,11 @@ class RawWindow:
                     del self._result_at[call_id]
         del raw[:covered]
         del self._sizes[:covered]
-        for tokens in self._counted[:covered]:
-            if tokens is None:
-                self._uncounted -= 1
-            else:
-                self._counted_total -= tokens
+        dropped = self._counted[:covered]
+        uncounted = dropped.count(None)
+        self._uncounted -= uncounted
+        if uncounted < covered:
+            self._counted_total -= sum([tokens for tokens in dropped if tokens is not None])
         del self._counted[:covered]
         del self._links[:covered]
         self._base += covered
@@ -225,9 +227,9 @@ class RawWindow:
         self._uncounted = 0
         return self._counted_total
 
-    def size(self, index: int) -> tuple[int, int]:
-        """Characters and tokens of ``raw[index]``."""
-        return self._sizes[index]
+    def sizes(self, count: int) -> list[tuple[int, int]]:
+        """Characters and tokens of ``raw[:count]``."""
+        return self._sizes[:count]
 
     def batch_end(self, limit: int, fits: Callable[[int, int, int], bool]) -> int:
         """How many pending episodes the next summary batch takes: a group-safe cut.
@@ -239,8 +241,10 @@ class RawWindow:
         """
         end = 0
         chars = tokens = 0
-        while end < min(limit, self.evicted):
-            more_chars, more_tokens = self._sizes[end]
+        last = min(limit, self.evicted)
+        sizes = self._sizes
+        while end < last:
+            more_chars, more_tokens = sizes[end]
             if end and not fits(end + 1, chars + more_chars, tokens + more_tokens):
                 break
             chars += more_chars
