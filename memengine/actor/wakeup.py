@@ -53,7 +53,7 @@ class Wakeup:
             if not waiter.done():  # done: its task was cancelled and will raise where it waits
                 waiter.set_result(None)
         else:
-            _trio().lowlevel.reschedule(waiter)
+            _trio_lowlevel().reschedule(waiter)
 
     async def wait(self) -> None:
         """Return once it is set (at once, after a checkpoint, if it already is).
@@ -67,7 +67,9 @@ class Wakeup:
         if self._waiter is not None:
             raise RuntimeError("a Wakeup has one waiter at a time")
         if _under_trio():
-            await self._park_trio()
+            lowlevel = _trio_lowlevel()
+            self._waiter = lowlevel.current_task()
+            await lowlevel.wait_task_rescheduled(self._abort_trio)
             return
         future = asyncio.get_running_loop().create_future()
         self._waiter = future
@@ -77,15 +79,9 @@ class Wakeup:
             if self._waiter is future:  # cancelled before it was set
                 self._waiter = None
 
-    async def _park_trio(self) -> None:
-        trio = _trio()
-        self._waiter = trio.lowlevel.current_task()
-
-        def abort(_: object) -> Any:
-            self._waiter = None  # cancelled while parked: set() must not reschedule it
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+    def _abort_trio(self, _: object) -> Any:
+        self._waiter = None  # cancelled while parked: set() must not reschedule it
+        return _trio_lowlevel().Abort.SUCCEEDED
 
 
 def _under_trio() -> bool:
@@ -102,7 +98,14 @@ def _under_trio() -> bool:
     return name == "trio"
 
 
-def _trio() -> Any:
-    import trio  # imported only by trio programs, which have it already
+_lowlevel: Any = None
 
-    return trio
+
+def _trio_lowlevel() -> Any:
+    """``trio.lowlevel``, imported on first use: only trio programs use it, and they have trio already."""
+    global _lowlevel
+    if _lowlevel is None:
+        import trio.lowlevel
+
+        _lowlevel = trio.lowlevel
+    return _lowlevel
