@@ -310,7 +310,8 @@ def record_evictions(db: Db, evictions: Sequence[tuple[str, int, int]]) -> None:
     """:func:`record_eviction` for several ``(session_id, token, through_seq)``, their leases checked by the caller."""
     db.executemany(
         "UPDATE sessions SET evicted_through = {greatest}(evicted_through, ?) WHERE session_id = ?",
-        [(through_seq, session_id) for session_id, _, through_seq in evictions],
+        # In session order, as leases are locked: concurrent writers on PostgreSQL take the rows in one order.
+        sorted([(through_seq, session_id) for session_id, _, through_seq in evictions], key=lambda row: row[1]),
     )
 
 
