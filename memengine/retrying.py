@@ -58,7 +58,7 @@ def backoff_seconds(failed_attempt: int, backoff: float, backoff_max: float) -> 
 def retry_delay(failures: int, attempts: int, backoff: float, backoff_max: float, retry_later: float) -> float:
     """Seconds to wait after the ``failures``-th failure in a row, in rounds of ``attempts`` tries.
 
-    The same policy as :func:`backoff_retrying`, for failures counted in a
+    The same policy as :func:`with_retries`, for failures counted in a
     store rather than in one loop: between the tries of a round, exponential
     backoff with full jitter; after a round's last try, ``retry_later``; then
     a new round.

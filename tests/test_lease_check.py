@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from memengine import Episode, open_engine
 from memengine.store import leases
@@ -88,3 +89,28 @@ def test_the_lease_check_finds_its_rows_by_key_among_many(tmp_path: Path) -> Non
         conn.close()
     details = " | ".join(str(row[-1]) for row in plan)
     assert "SEARCH session_leases" in details and "SCAN session_leases" not in details, details
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_lease_renewals_run_first_in_their_transaction_ahead_of_grouped_appends(tmp_path: Path, backend: str) -> None:
+    """A renewal rides in the next transaction, first: a lease about to lapse is extended before any write checks it."""
+    from memengine.store.open import open_store
+
+    path = str(tmp_path / "memory.db")
+    statements: list[str] = []
+
+    async def main() -> None:
+        async with open_store(path) as store:
+            token, _ = await store.activate("s", 60.0)
+            store._conn.set_trace_callback(statements.append)  # the committer's connection
+            appended = anyio.Event()
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(store.renew_leases, [("s", token)], 60.0)  # queued as the append is: one batch
+                store.submit_append("s", token, 1, [Episode("user", "hello")], lambda result, error: appended.set())
+                await appended.wait()
+            store._conn.set_trace_callback(None)
+
+    anyio.run(main, backend=backend)
+    renewal = next(i for i, sql in enumerate(statements) if sql.startswith("UPDATE session_leases SET expires_at"))
+    insert = next(i for i, sql in enumerate(statements) if sql.startswith("INSERT INTO episodes"))
+    assert renewal < insert, statements

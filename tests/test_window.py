@@ -179,3 +179,21 @@ def test_a_result_whose_call_is_gone_is_not_shown_raw() -> None:
     assert window.window == []
     window.append([numbered("user", "next", seq=3)])
     assert [e.seq for e in window.window] == [3]
+
+
+def test_a_call_id_used_again_after_a_summary_still_keeps_its_group_whole() -> None:
+    """Frameworks that number call ids per turn (call_0, call_1, ...) use an id again; the later group stays whole."""
+    window = RawWindow(Budget(4, 10**6), 0.5, words)
+    window.append(
+        [
+            numbered("assistant", "first call", seq=1, metadata={CALLS_KEY: ["c"]}),
+            numbered("tool", "first result", seq=2, metadata={RESULT_OF_KEY: "c"}),
+            *[numbered("user", f"chat {seq}", seq=seq) for seq in range(3, 6)],
+            numbered("assistant", "second call, same id", seq=6, metadata={CALLS_KEY: ["c"]}),
+            numbered("tool", "second result", seq=7, metadata={RESULT_OF_KEY: "c"}),
+        ]
+    )
+    window.drop_through(2)  # a summary covers the first group: its call id is forgotten, not the second group's
+    window.append([numbered("user", "one more", seq=8)])
+    assert is_valid_prefix(window.raw, window.evicted)
+    assert window.window[0].seq != 7, "a tool result is shown raw without its call"

@@ -180,11 +180,15 @@ class RawWindow:
         """Forget the episodes now covered by a summary through ``seq``; return how many."""
         raw = self.raw
         covered = bisect.bisect_right(raw, seq, 0, self.evicted, key=_seq_of)  # raw is in seq order
+        limit = self._base + covered  # positions below it leave the window's bookkeeping
         for links in self._links[:covered] if self._call_at or self._result_at else ():
+            # An id may be used again by a later episode (ids numbered per turn): only entries
+            # pointing at a dropped episode go, so the later call keeps its group whole.
             for call_id in links.calls:
-                self._call_at.pop(call_id, None)
+                if self._call_at.get(call_id, limit) < limit:
+                    del self._call_at[call_id]
             for call_id in links.results:
-                if self._result_at.get(call_id, self._base + covered) < self._base + covered:
+                if self._result_at.get(call_id, limit) < limit:
                     del self._result_at[call_id]
         del raw[:covered]
         del self._sizes[:covered]

@@ -102,7 +102,19 @@ def new_owner_id() -> str:
 class _Submission:
     """One operation waiting for its transaction."""
 
-    __slots__ = ("append", "chars", "done", "error", "eviction", "finished", "operation", "refused", "result", "size")
+    __slots__ = (
+        "append",
+        "chars",
+        "done",
+        "error",
+        "eviction",
+        "finished",
+        "operation",
+        "refused",
+        "result",
+        "size",
+        "urgent",
+    )
 
     def __init__(
         self,
@@ -122,6 +134,7 @@ class _Submission:
         self.result: Any = None
         self.error: BaseException | None = None
         self.refused = False  # it waited too long for a lock (or ran too long): not run again with the rest
+        self.urgent = False  # a lease renewal: first in its transaction (see _enqueue)
 
 
 class _Read(Generic[T]):
@@ -259,6 +272,7 @@ class GroupCommitStore:
         """Queue an operation for the next transaction (an urgent one ahead of the rest)."""
         if self._closing:
             raise EngineClosedError("the store is closed")
+        submission.urgent = urgent
         (self._urgent if urgent else self._queue).append(submission)
         self._queue_filled.set()
 
@@ -477,10 +491,15 @@ class GroupCommitStore:
             return True
         rest = batch
         if not isolate:
-            # Appends first, all in one statement, then eviction boundaries, all in another: they
-            # commute with every other operation a transaction can hold (a session's own deletes,
-            # clears and reads wait for its append; retain batches and summaries only read what an
-            # earlier commit stored), so their order among the rest does not matter.
+            # Renewals first (a lease about to lapse is extended before anything checks it), then
+            # appends, all in one statement, then eviction boundaries, all in another: they commute
+            # with every other operation a transaction can hold (a session's own deletes, clears and
+            # reads wait for its append; retain batches and summaries only read what an earlier
+            # commit stored), so their order among the rest does not matter.
+            for submission in [submission for submission in batch if submission.urgent]:
+                if not self._run_one(db, submission):
+                    self._rollback(db)
+                    return False
             appends = [submission for submission in batch if submission.append is not None]
             evictions = [submission for submission in batch if submission.eviction is not None]
             if appends and not self._append_run(db, appends):
@@ -489,8 +508,11 @@ class GroupCommitStore:
             if evictions and not self._eviction_run(db, evictions):
                 self._rollback(db)
                 return False
-            if appends or evictions:
-                rest = [submission for submission in batch if submission.append is None and submission.eviction is None]
+            rest = [
+                submission
+                for submission in batch
+                if not submission.urgent and submission.append is None and submission.eviction is None
+            ]
         index = 0
         while index < len(rest):
             if self._transient or self._aborted:

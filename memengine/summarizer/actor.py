@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from ..actor.mailbox import Mailbox
@@ -105,6 +106,7 @@ class SummarizerActor:
         async def call() -> str:
             # A slot per call: none is held through a backoff sleep. Taken at once when one is
             # free: acquire() would first yield to the loop twice, on every summarizer call.
+            await anyio.lowlevel.checkpoint_if_cancelled()  # (what acquire() checks first; it does not yield)
             try:
                 self._limiter.acquire_nowait()
             except anyio.WouldBlock:
