@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,7 +106,10 @@ def test_lease_renewals_run_first_in_their_transaction_ahead_of_grouped_appends(
             store._conn.set_trace_callback(statements.append)  # the committer's connection
             appended = anyio.Event()
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(store.renew_leases, [("s", token)], 60.0)  # queued as the append is: one batch
+                # The committer is kept busy meanwhile, so that the renewal and the append share the next batch.
+                tasks.start_soon(store._submit, lambda db: time.sleep(0.5))
+                await anyio.sleep(0.1)
+                tasks.start_soon(store.renew_leases, [("s", token)], 60.0)
                 store.submit_append("s", token, 1, [Episode("user", "hello")], lambda result, error: appended.set())
                 await appended.wait()
             store._conn.set_trace_callback(None)
