@@ -587,21 +587,12 @@ class GroupCommitStore:
             if first_seq == 1:
                 first_appends.append(session_id)
             rows += [journal.episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq)]
-        db.execute("SAVEPOINT appends")
-        try:
-            all_new = leases.all_held(db, held) and self._insert_new_episodes(db, first_appends, rows)
-        except self._dialect.errors:
-            all_new = False
-        if all_new:
-            db.execute("RELEASE appends")
-            for submission in run:
-                _, _, first_seq, episodes = submission.append  # type: ignore[misc]
-                submission.result = journal.appended(first_seq, episodes)
-                submission.error = None
-            return True
-        db.execute("ROLLBACK TO appends")
-        db.execute("RELEASE appends")
-        return all([self._run_one(db, submission) for submission in run])
+        return self._run_together(
+            db,
+            run,
+            lambda: leases.all_held(db, held) and self._insert_new_episodes(db, first_appends, rows),
+            lambda submission: journal.appended(submission.append[2], submission.append[3]),  # type: ignore[index]
+        )
 
     def _eviction_run(self, db: Db, run: list[_Submission]) -> bool:
         """Store the eviction boundaries of several sessions with one lease query and one statement.
@@ -609,21 +600,38 @@ class GroupCommitStore:
         If a lease is stale, the run is undone and each boundary takes its own
         path (journal.record_eviction), which refuses only the stale one.
         """
-        evictions = [submission.eviction for submission in run]
-        db.execute("SAVEPOINT evictions")
-        try:
-            held = leases.all_held(db, [(session_id, token) for session_id, token, _ in evictions])  # type: ignore[misc]
-            if held:
-                journal.record_evictions(db, evictions)  # type: ignore[arg-type]
-        except self._dialect.errors:
-            held = False
-        if held:
-            db.execute("RELEASE evictions")
-            for submission in run:
-                submission.result = submission.error = None
+        evictions: list[tuple[str, int, int]] = [submission.eviction for submission in run]  # type: ignore[misc]
+
+        def write() -> bool:
+            if not leases.all_held(db, [(session_id, token) for session_id, token, _ in evictions]):
+                return False
+            journal.record_evictions(db, evictions)
             return True
-        db.execute("ROLLBACK TO evictions")
-        db.execute("RELEASE evictions")
+
+        return self._run_together(db, run, write, lambda submission: None)
+
+    def _run_together(
+        self, db: Db, run: list[_Submission], write: Callable[[], bool], result: Callable[[_Submission], Any]
+    ) -> bool:
+        """Run ``write``, one statement for the whole ``run``, and give each its ``result``.
+
+        If ``write`` says no (a stale lease, a row already stored) or fails,
+        what it wrote is undone and each operation runs on its own (_run_one),
+        which fails only the one at fault.
+        """
+        db.execute("SAVEPOINT together")
+        try:
+            written = write()
+        except self._dialect.errors:
+            written = False
+        if written:
+            db.execute("RELEASE together")
+            for submission in run:
+                submission.result = result(submission)
+                submission.error = None
+            return True
+        db.execute("ROLLBACK TO together")
+        db.execute("RELEASE together")
         return all([self._run_one(db, submission) for submission in run])
 
     def _run_one(self, db: Db, submission: _Submission) -> bool:
