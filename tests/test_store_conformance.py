@@ -9,6 +9,7 @@ reason shown, only when no server is reachable.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -338,6 +339,68 @@ async def test_evictions_and_appends_sharing_a_transaction_are_each_checked_agai
         ("s1", 4),
         ("s2", 3),
         ("s3", 4),
+    ]
+
+
+async def test_a_re_sent_id_among_appends_of_one_transaction_is_skipped_and_the_rest_stored(store_url, rows) -> None:
+    """Appends run as one statement; one that carries a stored id sends the transaction down the one-by-one path."""
+    async with open_store(store_url) as store:
+        tokens = {name: (await store.activate(name, TTL))[0] for name in ("s1", "s2", "s3")}
+        for name in tokens:
+            _, error = await append(store, name, tokens[name], 1, Episode("user", "one", id=f"{name}-e1"))
+            assert error is None
+        outcomes: dict[str, object] = {}
+        done = anyio.Event()
+
+        def completion(name: str) -> Callable[[object, BaseException | None], None]:
+            def complete(result: object, error: BaseException | None) -> None:
+                outcomes[name] = error if error is not None else result
+                if len(outcomes) == 5:
+                    done.set()
+
+            return complete
+
+        # All in one transaction: a renewal, two evictions and three appends, the second of which
+        # sends s2's first episode again before a new one. The committer is kept busy meanwhile.
+        renewed: dict[str, object] = {}
+
+        async def renew() -> None:
+            renewed["sessions"] = await store.renew_leases([("s1", tokens["s1"])], TTL)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(store._submit, lambda db: time.sleep(0.5))
+            await anyio.sleep(0.1)
+            tasks.start_soon(renew)
+            await anyio.sleep(0.05)
+            store.submit_eviction("s1", tokens["s1"], 1, completion("evict s1"))
+            store.submit_append("s1", tokens["s1"], 2, says("s1 two"), completion("add s1"))
+            again = Episode("user", "one, sent again", id="s2-e1")
+            store.submit_append("s2", tokens["s2"], 2, [again, *says("s2 two")], completion("add s2"))
+            store.submit_append("s3", tokens["s3"], 2, says("s3 two", "s3 three"), completion("add s3"))
+            store.submit_eviction("s3", tokens["s3"], 1, completion("evict s3"))
+            with anyio.fail_after(30):
+                await done.wait()
+    assert renewed["sessions"] == {"s1"}
+    assert outcomes["evict s1"] is None and outcomes["evict s3"] is None
+    added = {name: [(e.seq, e.content, new) for e, new in outcomes[f"add {name}"]] for name in tokens}  # type: ignore[union-attr]
+    assert added == {
+        "s1": [(2, "s1 two", True)],
+        "s2": [(1, "one", False), (2, "s2 two", True)],
+        "s3": [(2, "s3 two", True), (3, "s3 three", True)],
+    }
+    assert rows.query("SELECT session_id, seq, content FROM episodes ORDER BY session_id, seq") == [
+        ("s1", 1, "one"),
+        ("s1", 2, "s1 two"),
+        ("s2", 1, "one"),
+        ("s2", 2, "s2 two"),
+        ("s3", 1, "one"),
+        ("s3", 2, "s3 two"),
+        ("s3", 3, "s3 three"),
+    ]
+    assert rows.query("SELECT session_id, evicted_through FROM sessions ORDER BY session_id") == [
+        ("s1", 1),
+        ("s2", 0),
+        ("s3", 1),
     ]
 
 

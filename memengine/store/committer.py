@@ -574,9 +574,10 @@ class GroupCommitStore:
         """Store consecutive appends (of different sessions) with one statement.
 
         One query checks every lease; seqs are numbered on the assumption that
-        no id is already stored. If a lease is stale or the row count shows a
-        stored id, the run is undone and each append takes the row-by-row
-        path, which checks its own lease and skips stored ids.
+        no id is already stored. If a lease is stale, each append takes the
+        row-by-row path, which checks its own lease and skips stored ids; if
+        the row count shows a stored id, the transaction is run again with
+        each operation on its own (see _run_together).
         """
         rows: list[Any] = []
         first_appends = []
@@ -590,49 +591,65 @@ class GroupCommitStore:
         return self._run_together(
             db,
             run,
-            lambda: leases.all_held(db, held) and self._insert_new_episodes(db, first_appends, rows),
+            lambda: leases.all_held(db, held),
+            lambda: self._insert_new_episodes(db, first_appends, rows),
             lambda submission: journal.appended(submission.append[2], submission.append[3]),  # type: ignore[index]
         )
 
     def _eviction_run(self, db: Db, run: list[_Submission]) -> bool:
         """Store the eviction boundaries of several sessions with one lease query and one statement.
 
-        If a lease is stale, the run is undone and each boundary takes its own
-        path (journal.record_eviction), which refuses only the stale one.
+        If a lease is stale, each boundary takes its own path
+        (journal.record_eviction), which refuses only the stale one.
         """
         evictions: list[tuple[str, int, int]] = [submission.eviction for submission in run]  # type: ignore[misc]
 
         def write() -> bool:
-            if not leases.all_held(db, [(session_id, token) for session_id, token, _ in evictions]):
-                return False
             journal.record_evictions(db, evictions)
             return True
 
-        return self._run_together(db, run, write, lambda submission: None)
+        return self._run_together(
+            db,
+            run,
+            lambda: leases.all_held(db, [(session_id, token) for session_id, token, _ in evictions]),
+            write,
+            lambda submission: None,
+        )
 
     def _run_together(
-        self, db: Db, run: list[_Submission], write: Callable[[], bool], result: Callable[[_Submission], Any]
+        self,
+        db: Db,
+        run: list[_Submission],
+        check: Callable[[], bool],
+        write: Callable[[], bool],
+        result: Callable[[_Submission], Any],
     ) -> bool:
         """Run ``write``, one statement for the whole ``run``, and give each its ``result``.
 
-        If ``write`` says no (a stale lease, a row already stored) or fails,
-        what it wrote is undone and each operation runs on its own (_run_one),
-        which fails only the one at fault.
+        ``check`` (a read: every lease held) comes first: if it says no,
+        nothing is written yet and each operation runs on its own (_run_one),
+        which fails only the one at fault. If ``write`` says no (a row already
+        stored) or fails, it may have written part of the run: False, so the
+        transaction is rolled back and run again with each operation on its
+        own (see _commit). No savepoint guards the usual case: SQLite copies
+        every page a savepoint's statements change to a statement journal
+        (about a third of the cost of inserting the rows).
         """
-        db.execute("SAVEPOINT together")
         try:
+            if not check():
+                return all([self._run_one(db, submission) for submission in run])
             written = write()
+        except self._dialect.transient:
+            self._transient = True  # the whole transaction is tried again (see _commit)
+            return False
         except self._dialect.errors:
-            written = False
-        if written:
-            db.execute("RELEASE together")
-            for submission in run:
-                submission.result = result(submission)
-                submission.error = None
-            return True
-        db.execute("ROLLBACK TO together")
-        db.execute("RELEASE together")
-        return all([self._run_one(db, submission) for submission in run])
+            return False
+        if not written:
+            return False
+        for submission in run:
+            submission.result = result(submission)
+            submission.error = None
+        return True
 
     def _run_one(self, db: Db, submission: _Submission) -> bool:
         # Nothing of an earlier, rolled-back attempt may survive (a result would say "stored").
