@@ -9,7 +9,7 @@ reason shown, only when no server is reachable.
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -360,27 +360,36 @@ async def test_a_re_sent_id_among_appends_of_one_transaction_is_skipped_and_the_
 
             return complete
 
-        # All in one transaction: a renewal, two evictions and three appends, the second of which
-        # sends s2's first episode again before a new one. The committer is kept busy meanwhile.
+        # All in one transaction: two evictions and three appends, the second of which sends s2's
+        # first episode again before a new one, and (on SQLite; PostgreSQL renews on a connection
+        # of its own) a lease renewal, which runs first and must survive the transaction being run again.
         renewed: dict[str, object] = {}
+        (expires_before,) = rows.query("SELECT expires_at FROM session_leases WHERE session_id = ?", "s1")[0]
 
         async def renew() -> None:
             renewed["sessions"] = await store.renew_leases([("s1", tokens["s1"])], TTL)
 
+        release = threading.Event()
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(store._submit, lambda db: time.sleep(0.5))
-            await anyio.sleep(0.1)
-            tasks.start_soon(renew)
-            await anyio.sleep(0.05)
+            tasks.start_soon(store._submit, lambda db: release.wait(10))  # the committer's thread waits meanwhile
+            with anyio.fail_after(10):
+                while not store._thread_busy:  # noqa: ASYNC110 - polls the committer's state (no event to wait on)
+                    await anyio.sleep(0.01)
+                tasks.start_soon(renew)
+                while not (store._urgent or renewed):  # noqa: ASYNC110 - likewise
+                    await anyio.sleep(0.01)
             store.submit_eviction("s1", tokens["s1"], 1, completion("evict s1"))
             store.submit_append("s1", tokens["s1"], 2, says("s1 two"), completion("add s1"))
             again = Episode("user", "one, sent again", id="s2-e1")
             store.submit_append("s2", tokens["s2"], 2, [again, *says("s2 two")], completion("add s2"))
             store.submit_append("s3", tokens["s3"], 2, says("s3 two", "s3 three"), completion("add s3"))
             store.submit_eviction("s3", tokens["s3"], 1, completion("evict s3"))
+            release.set()
             with anyio.fail_after(30):
                 await done.wait()
     assert renewed["sessions"] == {"s1"}
+    (expires_after,) = rows.query("SELECT expires_at FROM session_leases WHERE session_id = ?", "s1")[0]
+    assert expires_after > expires_before
     assert outcomes["evict s1"] is None and outcomes["evict s3"] is None
     added = {name: [(e.seq, e.content, new) for e, new in outcomes[f"add {name}"]] for name in tokens}  # type: ignore[union-attr]
     assert added == {
