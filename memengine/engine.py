@@ -432,7 +432,9 @@ class Engine:
             await self._resume_pending_summaries(orphaned_only=True)
         if self._delivery is not None:
             try:
-                if await self._services.store.enqueue_all_retains(mode, orphaned_only=True):
+                if await self._services.store.enqueue_all_retains(
+                    mode, orphaned_only=True, batch_size=self.config.retain_every
+                ):
                     self._delivery.notify()
             except Exception:
                 log.exception("could not record the retain tails of sessions no process owns")
@@ -679,7 +681,7 @@ async def open_engine(
                         if delivery is not None:
                             # A crashed run's sessions never reached their exit boundary: hand on their
                             # tails now (leases under this process's own name are a crashed predecessor's).
-                            await store.enqueue_all_retains(mode)
+                            await store.enqueue_all_retains(mode, batch_size=config.retain_every)
                             background.start_soon(delivery.run)
                         async with anyio.create_task_group() as tasks:
                             engine = Engine(services, tasks, delivery)
@@ -705,7 +707,7 @@ async def open_engine(
                         # Every session actor has stopped. Shielded and bounded: whatever
                         # cancelled the caller, the way out still runs, and ends in time.
                         with anyio.CancelScope(shield=True):
-                            await _leave(store, delivery, background, mode, retain_grace)
+                            await _leave(store, delivery, background, mode, config.retain_every, retain_grace)
             finally:
                 if recorder is not None:
                     recorder.close()
@@ -728,7 +730,12 @@ EXIT_DEADLINE_SECONDS = EXIT_STORE_SECONDS + INTERRUPT_SECONDS
 
 
 async def _leave(
-    store: Store, delivery: RetainDelivery | None, background: anyio.abc.TaskGroup, mode: RetainMode, grace: float
+    store: Store,
+    delivery: RetainDelivery | None,
+    background: anyio.abc.TaskGroup,
+    mode: RetainMode,
+    retain_every: int,
+    grace: float,
 ) -> None:
     """Leaving is a boundary for every session: hand on their tails, give the sink ``grace``, release the leases.
 
@@ -751,7 +758,9 @@ async def _leave(
         spent += anyio.current_time() - started
 
     if delivery is not None:
-        await within_budget("recording the retain tails", lambda: store.enqueue_all_retains(mode))
+        await within_budget(
+            "recording the retain tails", lambda: store.enqueue_all_retains(mode, batch_size=retain_every)
+        )
         await delivery.drain(grace)
     if delivery is not None:
         delivery.stop()  # no claim is taken after the release below (a claim already queued goes first)

@@ -186,9 +186,8 @@ class ForgettingSink(RecordingSink):
 class StuckSink:
     """A retain sink that never returns."""
 
-    mode = "append"
-
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "append") -> None:
+        self.mode = mode
         self.calls = 0
 
     async def retain(self, batch) -> None:

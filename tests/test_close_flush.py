@@ -71,3 +71,29 @@ async def test_the_partial_batch_is_in_the_outbox_when_an_idle_session_passivate
         await engine.session("s").close()  # reactivates it: nothing new to record
         assert outbox(rows) == [[1, 2, 3, 4], [5, 6, 7]]
     assert outbox(rows) == [[1, 2, 3, 4], [5, 6, 7]]
+
+
+async def test_a_tail_left_without_retaining_is_recorded_at_the_next_start_in_batches_of_retain_every(
+    store_url, rows
+) -> None:
+    """A run that never handed its episodes on (no sink then, or it died before its exit) leaves a long tail.
+
+    The next start records it as batches of at most ``retain_every`` episodes,
+    as the session would have, not as one batch of everything.
+    """
+    async with open_engine(store_url) as engine:  # no sink: nothing is handed on
+        await engine.session("s").add(turns(11))
+    assert outbox(rows) == []
+    config = SessionConfig(retain_every=4)
+    async with open_engine(store_url, retain_sink=StuckSink(), config=config, retain_grace=0):
+        assert outbox(rows) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]]
+    assert outbox(rows) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]]
+
+
+async def test_a_replace_sink_gets_one_snapshot_of_the_tail_at_the_next_start(store_url, rows) -> None:
+    """A replace batch is the whole session up to its last episode: the tail's newest snapshot is enough."""
+    async with open_engine(store_url) as engine:
+        await engine.session("s").add(turns(11))
+    config = SessionConfig(retain_every=4)
+    async with open_engine(store_url, retain_sink=StuckSink(mode="replace"), config=config, retain_grace=0):
+        assert outbox(rows) == [list(range(1, 12))]

@@ -508,6 +508,27 @@ async def test_a_failed_retain_record_is_retried_at_the_next_add_and_handed_on_o
     assert stored.query("SELECT count(*) FROM retain_outbox") == [(0,)]
 
 
+async def test_a_tail_left_by_failed_retain_records_is_handed_on_at_close_in_batches_of_retain_every(
+    db_path: Path, stored: StoredRows
+) -> None:
+    sink = RecordingSink()
+    config = SessionConfig(retain_every=2, **FAST)
+    async with engine_with_faults(db_path, retain_sink=sink, config=config) as (engine, faults):
+        session = engine.session("s")
+        outbox_write = faults.inject("INSERT INTO retain_outbox", session="s")
+        await add_each(session, turns(5))  # batches come due; recording each of them fails
+        with anyio.fail_after(GUARD):
+            await outbox_write.wait_for_hits()
+        await settled(engine)
+        assert stored.query("SELECT count(*) FROM retain_outbox") == [(0,)]
+        faults.heal()
+        await session.close()  # the boundary: the whole tail, as the batches it would have been
+        with anyio.fail_after(GUARD):
+            await sink.wait_for(3)
+    assert [(b.first_seq, b.last_seq) for b in sink.batches] == [(1, 2), (3, 4), (5, 5)]
+    assert sink.delivered_contents() == ["turn 1", "turn 2", "turn 3", "turn 4", "turn 5"]
+
+
 async def test_a_failed_close_raises_store_error_and_loses_nothing(db_path: Path, stored: StoredRows) -> None:
     sink = RecordingSink()
     config = SessionConfig(retain_every=100, **FAST)

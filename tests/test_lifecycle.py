@@ -151,7 +151,7 @@ async def test_the_callers_own_error_wins_over_an_engine_failure(db_path, monkey
 
 
 async def test_a_store_error_while_opening_is_raised_as_itself(db_path, monkeypatch) -> None:
-    async def failing_enqueue(self, mode, *, orphaned_only=False):
+    async def failing_enqueue(self, mode, *, orphaned_only=False, batch_size=None):
         raise StoreError("disk I/O error (injected)")
 
     monkeypatch.setattr(GroupCommitStore, "enqueue_all_retains", failing_enqueue)

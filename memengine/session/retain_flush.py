@@ -97,7 +97,11 @@ class RetainFlush:
         self.if_due()
 
     async def flush(self) -> None:
-        """A boundary: record every episode not yet handed on (up to the last acknowledged one) as one batch."""
+        """A boundary: record every episode not yet handed on (up to the last acknowledged one).
+
+        Usually fewer than ``retain_every`` are left, one partial batch; a longer
+        tail (recording a batch failed meanwhile) goes as batches of ``retain_every``.
+        """
         while self._in_flight:  # one outbox write of this session at a time
             if self._settled is None:
                 self._settled = anyio.Event()
@@ -105,7 +109,7 @@ class RetainFlush:
         self._in_flight = True
         try:
             self.retained_through = await self._store.enqueue_retain(
-                self._session_id, self._token(), self._plan.mode, self._last_seq()
+                self._session_id, self._token(), self._plan.mode, self._last_seq(), batch_size=self._plan.every
             )
         finally:
             self._in_flight = False

@@ -308,17 +308,28 @@ class Store(Protocol):
         """
 
     async def enqueue_retain(
-        self, session_id: str, token: int, mode: RetainMode, through_seq: int | None = None
+        self,
+        session_id: str,
+        token: int,
+        mode: RetainMode,
+        through_seq: int | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> int:
-        """Record the session's un-retained episodes (up to ``through_seq``) as one batch (a boundary).
+        """Record the session's un-retained episodes (up to ``through_seq``) in the outbox (a boundary).
 
+        As one batch, or in append mode as batches of at most ``batch_size``
+        episodes (a replace batch is the whole session: one is recorded).
         Returns the watermark: every seq up to it is in the outbox, delivered, or deleted.
         """
 
-    async def enqueue_all_retains(self, mode: RetainMode, *, orphaned_only: bool = False) -> list[str]:
+    async def enqueue_all_retains(
+        self, mode: RetainMode, *, orphaned_only: bool = False, batch_size: int | None = None
+    ) -> list[str]:
         """Record the un-retained tail of every session no other live owner holds (engine start and exit).
 
         With ``orphaned_only``, only of sessions whose owner died (lease expired, never released).
+        Each tail is split as by :meth:`enqueue_retain` with ``batch_size``.
         """
 
     async def pending_retains(self, limit: int) -> list[OutboxEntry]:

@@ -955,18 +955,33 @@ class GroupCommitStore:
         self._enqueue(_Submission(operation, done))
 
     async def enqueue_retain(
-        self, session_id: str, token: int, mode: RetainMode, through_seq: int | None = None
+        self,
+        session_id: str,
+        token: int,
+        mode: RetainMode,
+        through_seq: int | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> int:
-        return await self._submit(lambda db: outbox.enqueue(db, session_id, token, mode, through_seq))
+        return await self._submit(
+            lambda db: outbox.enqueue(db, session_id, token, mode, through_seq, batch_size=batch_size)
+        )
 
-    async def enqueue_all_retains(self, mode: RetainMode, *, orphaned_only: bool = False) -> list[str]:
+    async def enqueue_all_retains(
+        self, mode: RetainMode, *, orphaned_only: bool = False, batch_size: int | None = None
+    ) -> list[str]:
         # A step of at most a hundred sessions per transaction: renewals and writers go in between.
         handled: list[str] = []
         after: str | None = None
         while True:
             step, after = await self._submit(
                 functools.partial(
-                    outbox.enqueue_all, owner=self.owner, mode=mode, orphaned_only=orphaned_only, after=after
+                    outbox.enqueue_all,
+                    owner=self.owner,
+                    mode=mode,
+                    orphaned_only=orphaned_only,
+                    after=after,
+                    batch_size=batch_size,
                 )
             )
             handled.extend(step)

@@ -62,9 +62,13 @@ def enqueue(
     mode: RetainMode,
     through_seq: int | None = None,
     limit: int | None = None,
+    batch_size: int | None = None,
 ) -> int:
     """Put the session's un-retained episodes (up to ``through_seq``, at most ``limit``) in the outbox.
 
+    As one batch; or, with ``batch_size`` (and no ``limit``), as batches of at
+    most that many episodes in append mode (a replace batch holds the whole
+    session up to its last episode anyway: one, the newest, is enough).
     Returns the session's watermark afterwards (unchanged if there was nothing).
     With a ``token``, only under that live lease; without, the caller has made
     sure no other process owns the session.
@@ -82,6 +86,24 @@ def enqueue(
         (through_seq,) = db.execute(
             "SELECT {greatest}(?, coalesce(max(seq), 0)) FROM episodes WHERE session_id = ?", (seq_floor, session_id)
         ).fetchone()
+    if batch_size is None or limit is not None or mode != "append":
+        return _record(db, session_id, token, mode, retained_through, through_seq, limit)
+    watermark = retained_through
+    while watermark < through_seq:  # each batch moves the watermark on (see _record)
+        watermark = _record(db, session_id, token, mode, watermark, through_seq, batch_size)
+    return int(watermark)
+
+
+def _record(
+    db: Db,
+    session_id: str,
+    token: int | None,
+    mode: RetainMode,
+    retained_through: int,
+    through_seq: int,
+    limit: int | None,
+) -> int:
+    """Record one batch: the live episodes after ``retained_through`` up to ``through_seq`` (at most ``limit``)."""
     new = _live_episodes(db, session_id, retained_through, through_seq, limit)
     if not new:
         if through_seq > retained_through:
@@ -114,9 +136,17 @@ def enqueue(
 
 
 def enqueue_all(
-    db: Db, owner: str, mode: RetainMode, orphaned_only: bool = False, after: str | None = None, limit: int = 100
+    db: Db,
+    owner: str,
+    mode: RetainMode,
+    orphaned_only: bool = False,
+    after: str | None = None,
+    limit: int = 100,
+    batch_size: int | None = None,
 ) -> tuple[list[str], str | None]:
     """Enqueue the un-retained tail of sessions no other live process owns, at most ``limit`` of them.
+
+    Each tail goes as batches of at most ``batch_size`` episodes (see :func:`enqueue`).
 
     At engine start (tails a crashed run left) and exit (this process's own);
     ``orphaned_only`` while running (sessions whose owner died). Sessions are
@@ -138,7 +168,7 @@ def enqueue_all(
             continue
         # Its owner is gone: an add it left half stored was never acknowledged, and is not handed on.
         unfinished.undo_all(db, session_id)
-        enqueue(db, session_id, None, mode)
+        enqueue(db, session_id, None, mode, batch_size=batch_size)
         handled.append(session_id)
     return handled, (rows[-1][0] if len(rows) == limit else None)
 
