@@ -37,6 +37,7 @@ from memengine import (
     EngineClosedError,
     Episode,
     MemEngineError,
+    Session,
     SessionClosedError,
     SessionConfig,
     StoreError,
@@ -484,18 +485,27 @@ async def test_failed_summary_writes_keep_episodes_raw_until_the_fault_clears(
     assert stored.summaries("s") == [(3, "turn 1|turn 2|turn 3")]
 
 
-async def test_a_failed_retain_record_is_retried_at_the_next_add_and_handed_on_once(
-    db_path: Path, stored: StoredRows
-) -> None:
-    sink = RecordingSink()
+@asynccontextmanager
+async def retain_records_failing(
+    db_path: Path, sink: RecordingSink, turn_count: int
+) -> AsyncIterator[tuple[Session, FaultyConnection]]:
+    """Session "s" (``retain_every=2``) after ``turn_count`` single adds, every retain batch due meanwhile failing."""
     config = SessionConfig(retain_every=2, **FAST)
     async with engine_with_faults(db_path, retain_sink=sink, config=config) as (engine, faults):
         session = engine.session("s")
         outbox_write = faults.inject("INSERT INTO retain_outbox", session="s")
-        await add_each(session, turns(2))  # a batch is due; recording it fails
+        await add_each(session, turns(turn_count))
         with anyio.fail_after(GUARD):
             await outbox_write.wait_for_hits()
         await settled(engine)
+        yield session, faults
+
+
+async def test_a_failed_retain_record_is_retried_at_the_next_add_and_handed_on_once(
+    db_path: Path, stored: StoredRows
+) -> None:
+    sink = RecordingSink()
+    async with retain_records_failing(db_path, sink, 2) as (session, faults):  # a batch was due; recording it failed
         assert stored.query("SELECT count(*) FROM retain_outbox") == [(0,)]
         assert stored.query("SELECT retained_through FROM sessions WHERE session_id = 's'") == [(0,)]
         faults.heal()
@@ -512,14 +522,7 @@ async def test_a_tail_left_by_failed_retain_records_is_handed_on_at_close_in_bat
     db_path: Path, stored: StoredRows
 ) -> None:
     sink = RecordingSink()
-    config = SessionConfig(retain_every=2, **FAST)
-    async with engine_with_faults(db_path, retain_sink=sink, config=config) as (engine, faults):
-        session = engine.session("s")
-        outbox_write = faults.inject("INSERT INTO retain_outbox", session="s")
-        await add_each(session, turns(5))  # batches come due; recording each of them fails
-        with anyio.fail_after(GUARD):
-            await outbox_write.wait_for_hits()
-        await settled(engine)
+    async with retain_records_failing(db_path, sink, 5) as (session, faults):  # two batches came due, both failed
         assert stored.query("SELECT count(*) FROM retain_outbox") == [(0,)]
         faults.heal()
         await session.close()  # the boundary: the whole tail, as the batches it would have been

@@ -12,13 +12,14 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
 
 from memengine import Episode, LeaseLostError, SessionBusyError, StoreError
 from memengine.scope import EVERY_SESSION, Scope
-from memengine.store.base import OutboxEntry
+from memengine.store.base import Completion, OutboxEntry
 from memengine.store.open import open_store
 
 pytestmark = pytest.mark.anyio
@@ -48,6 +49,22 @@ async def append(store, session_id: str, token: int, first_seq: int, *episodes: 
 
 def says(*contents: str) -> list[Episode]:
     return [Episode("user", content) for content in contents]
+
+
+def collected(count: int) -> tuple[dict[str, object], anyio.Event, Callable[[str], Completion[Any]]]:
+    """Completions by name: each records its result (or error) in ``outcomes``; ``done`` once ``count`` did."""
+    outcomes: dict[str, object] = {}
+    done = anyio.Event()
+
+    def completion(name: str) -> Completion[Any]:
+        def complete(result: object, error: BaseException | None) -> None:
+            outcomes[name] = error if error is not None else result
+            if len(outcomes) == count:
+                done.set()
+
+        return complete
+
+    return outcomes, done, completion
 
 
 async def test_appends_get_dense_seqs_and_re_sent_ids_are_skipped(store_url, rows) -> None:
@@ -307,16 +324,7 @@ async def test_evictions_and_appends_sharing_a_transaction_are_each_checked_agai
         stale = tokens["s2"]
         await a.release_lease("s2", stale)
         tokens["s2"], _ = await b.activate("s2", TTL)  # another process has s2 now
-        outcomes: dict[str, object] = {}
-        done = anyio.Event()
-
-        def completion(name: str) -> Callable[[object, BaseException | None], None]:
-            def complete(result: object, error: BaseException | None) -> None:
-                outcomes[name] = error if error is not None else result
-                if len(outcomes) == 6:
-                    done.set()
-
-            return complete
+        outcomes, done, completion = collected(6)
 
         # All six in one batch (nothing awaits in between): evictions and appends interleaved, one of each stale.
         a.submit_eviction("s1", tokens["s1"], 2, completion("evict s1"))
@@ -349,16 +357,7 @@ async def test_a_re_sent_id_among_appends_of_one_transaction_is_skipped_and_the_
         for name in tokens:
             _, error = await append(store, name, tokens[name], 1, Episode("user", "one", id=f"{name}-e1"))
             assert error is None
-        outcomes: dict[str, object] = {}
-        done = anyio.Event()
-
-        def completion(name: str) -> Callable[[object, BaseException | None], None]:
-            def complete(result: object, error: BaseException | None) -> None:
-                outcomes[name] = error if error is not None else result
-                if len(outcomes) == 5:
-                    done.set()
-
-            return complete
+        outcomes, done, completion = collected(5)
 
         # All in one transaction: two evictions and three appends, the second of which sends s2's
         # first episode again before a new one, and (on SQLite; PostgreSQL renews on a connection
