@@ -88,10 +88,13 @@ def enqueue(
         ).fetchone()
     if batch_size is None or limit is not None or mode != "append":
         return _record(db, session_id, token, mode, retained_through, through_seq, limit)
-    watermark = retained_through
-    while watermark < through_seq:  # each batch moves the watermark on (see _record)
-        watermark = _record(db, session_id, token, mode, watermark, through_seq, batch_size)
-    return int(watermark)
+    return _record_in_batches(db, session_id, token, retained_through, through_seq, batch_size)
+
+
+_INSERT_BATCH = (
+    "INSERT INTO retain_outbox (session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, 0)"
+)
 
 
 def _record(
@@ -106,33 +109,54 @@ def _record(
     """Record one batch: the live episodes after ``retained_through`` up to ``through_seq`` (at most ``limit``)."""
     new = _live_episodes(db, session_id, retained_through, through_seq, limit)
     if not new:
-        if through_seq > retained_through:
-            # The range holds no live episode (all deleted): nothing to send, but it is done with.
-            db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (through_seq, session_id))
-            return int(through_seq)
-        return int(retained_through)
+        return _nothing_live(db, session_id, retained_through, through_seq)
     last_seq = new[-1][0]
     rows = new if mode == "append" else _live_episodes(db, session_id, 0, last_seq)
-    first_seq = rows[0][0]
-    now = time.time()
-    db.execute(
-        "INSERT INTO retain_outbox (session_id, first_seq, last_seq, mode, key, episodes, created_at, attempts) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
-        (
-            session_id,
-            first_seq,
-            last_seq,
-            mode,
-            retain_key(session_id, first_seq, last_seq, mode, _lease_token(db, session_id, token)),
-            _payload(rows),
-            now,
-        ),
-    )
+    db.execute(_INSERT_BATCH, _batch_row(session_id, mode, rows, _lease_token(db, session_id, token), time.time()))
     # Read to the end of the range (fewer than ``limit``): the seqs after the batch's last are all deleted,
     # so the range is done with, as it is when nothing in it is live.
     watermark = through_seq if limit is None or len(new) < limit else last_seq
     db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (watermark, session_id))
     return int(watermark)
+
+
+def _record_in_batches(
+    db: Db, session_id: str, token: int | None, retained_through: int, through_seq: int, batch_size: int
+) -> int:
+    """Record the live episodes after ``retained_through`` up to ``through_seq`` as append batches of ``batch_size``.
+
+    Read once and written with one statement, in order (the outbox's ids
+    follow it): a long tail costs about what one batch of it did.
+    """
+    new = _live_episodes(db, session_id, retained_through, through_seq)
+    if not new:
+        return _nothing_live(db, session_id, retained_through, through_seq)
+    lease_token, now = _lease_token(db, session_id, token), time.time()
+    db.executemany(
+        _INSERT_BATCH,
+        [
+            _batch_row(session_id, "append", new[start : start + batch_size], lease_token, now)
+            for start in range(0, len(new), batch_size)
+        ],
+    )
+    db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (through_seq, session_id))
+    return int(through_seq)
+
+
+def _nothing_live(db: Db, session_id: str, retained_through: int, through_seq: int) -> int:
+    if through_seq > retained_through:
+        # The range holds no live episode (all deleted): nothing to send, but it is done with.
+        db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (through_seq, session_id))
+        return int(through_seq)
+    return int(retained_through)
+
+
+def _batch_row(
+    session_id: str, mode: RetainMode, rows: Sequence[tuple], lease_token: int, now: float
+) -> tuple[str, int, int, RetainMode, str, str, float]:
+    first_seq, last_seq = rows[0][0], rows[-1][0]
+    key = retain_key(session_id, first_seq, last_seq, mode, lease_token)
+    return (session_id, first_seq, last_seq, mode, key, _payload(rows), now)
 
 
 def enqueue_all(
