@@ -633,7 +633,7 @@ class GroupCommitStore:
         transaction is rolled back and run again with each operation on its
         own (see _commit). No savepoint guards the usual case: SQLite copies
         every page a savepoint's statements change to a statement journal
-        (about a third of the cost of inserting the rows).
+        (1.5 times the cost per inserted row: benchmarks/sqlite_write_costs.py).
         """
         try:
             if not check():

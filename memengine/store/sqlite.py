@@ -35,9 +35,10 @@ from .sqlite_schema import migrate
 
 #: Episodes stored before recall's index catches up with them, in the commit after.
 #: FTS5 writes a new segment per transaction and merges segments as they pile up, so
-#: a larger step costs less per row (measured on 20,000 200-character rows: 3.2 us per
-#: row in steps of 2,000, 2.1 us in steps of 5,000), but that one transaction takes
-#: longer (about 10 ms for 5,000 rows; the adds of that commit wait for it).
+#: a larger step costs less per row (``benchmarks/sqlite_write_costs.py``, 20,000
+#: 200-character rows: 3.2 us per row in steps of 2,000, 2.1 us in steps of 5,000), but
+#: that one transaction takes longer (about 10 ms for 5,000 rows; the adds of that
+#: commit wait for it).
 RECALL_INDEX_EVERY = 5000
 RECALL_CATCH_UP_STEP = RECALL_INDEX_EVERY  # rows indexed in one transaction, at most
 
