@@ -297,19 +297,19 @@ def load(db: Db, session_id: str) -> SessionSnapshot:
     )
 
 
+_RECORD_EVICTION = "UPDATE sessions SET evicted_through = {greatest}(evicted_through, ?) WHERE session_id = ?"
+
+
 def record_eviction(db: Db, session_id: str, token: int, through_seq: int) -> None:
     """Store how far the session's raw window has evicted (it only moves forward)."""
     leases.require(db, session_id, token)
-    db.execute(
-        "UPDATE sessions SET evicted_through = {greatest}(evicted_through, ?) WHERE session_id = ?",
-        (through_seq, session_id),
-    )
+    db.execute(_RECORD_EVICTION, (through_seq, session_id))
 
 
 def record_evictions(db: Db, evictions: Sequence[tuple[str, int, int]]) -> None:
     """:func:`record_eviction` for several ``(session_id, token, through_seq)``, their leases checked by the caller."""
     db.executemany(
-        "UPDATE sessions SET evicted_through = {greatest}(evicted_through, ?) WHERE session_id = ?",
+        _RECORD_EVICTION,
         # In session order, as leases are locked: concurrent writers on PostgreSQL take the rows in one order.
         sorted([(through_seq, session_id) for session_id, _, through_seq in evictions], key=lambda row: row[1]),
     )

@@ -115,9 +115,7 @@ def _record(
     db.execute(_INSERT_BATCH, _batch_row(session_id, mode, rows, _lease_token(db, session_id, token), time.time()))
     # Read to the end of the range (fewer than ``limit``): the seqs after the batch's last are all deleted,
     # so the range is done with, as it is when nothing in it is live.
-    watermark = through_seq if limit is None or len(new) < limit else last_seq
-    db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (watermark, session_id))
-    return int(watermark)
+    return _set_watermark(db, session_id, through_seq if limit is None or len(new) < limit else last_seq)
 
 
 def _record_in_batches(
@@ -139,15 +137,18 @@ def _record_in_batches(
             for start in range(0, len(new), batch_size)
         ],
     )
-    db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (through_seq, session_id))
-    return int(through_seq)
+    return _set_watermark(db, session_id, through_seq)
 
 
 def _nothing_live(db: Db, session_id: str, retained_through: int, through_seq: int) -> int:
     if through_seq > retained_through:
         # The range holds no live episode (all deleted): nothing to send, but it is done with.
-        db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (through_seq, session_id))
-        return int(through_seq)
+        return _set_watermark(db, session_id, through_seq)
+    return int(retained_through)
+
+
+def _set_watermark(db: Db, session_id: str, retained_through: int) -> int:
+    db.execute("UPDATE sessions SET retained_through = ? WHERE session_id = ?", (retained_through, session_id))
     return int(retained_through)
 
 
