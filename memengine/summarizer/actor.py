@@ -2,7 +2,7 @@
 
 The session sends it a :class:`SummarizeBatch` (the previous summary and the
 evicted episodes not yet summarized). It calls the summarizer, retrying with
-backoff (retrying.py), stores the new summary, and only *then* acknowledges to the session
+tenacity (retrying.py), stores the new summary, and only *then* acknowledges to the session
 with :class:`~memengine.session.messages.SummaryStored`. If it is cancelled or
 crashes before that, the episodes are still unsummarized in the store and
 nothing is lost. A caller waiting for a summary never awaits this actor: it
