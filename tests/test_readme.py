@@ -307,7 +307,46 @@ def test_the_examples_run_one_after_another_in_one_directory(fake_model: str, st
     assert not failures, "\n\n".join(failures)
 
 
-# -- install hints ---------------------------------------------------------------------------------
+# -- the README's navigation and install hints ---------------------------------------------------------
+
+LINK = re.compile(r"\[([^\]]+)\]\(#([^)]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = heading.strip().lower().replace("`", "")
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def headings() -> list[tuple[int, str]]:
+    text = README.read_text(encoding="utf-8")
+    outside_code = re.sub(r"^```.*?^```$", "", text, flags=re.DOTALL | re.MULTILINE)
+    return [(len(m.group(1)), m.group(2)) for m in re.finditer(r"^(#{2,4}) (.+)$", outside_code, re.MULTILINE)]
+
+
+def contents() -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("**Contents**")
+    return text[start : text.index("\n\n", start)]
+
+
+def test_the_contents_at_the_top_link_every_section_and_every_link_in_the_readme_lands() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert text.index("**Contents**") < text.index("## ")  # before the first section
+    anchors = {slug(title) for _, title in headings()}
+    assert [target for _, target in LINK.findall(text) if target not in anchors] == []  # every link, anywhere
+    linked = {target for _, target in LINK.findall(contents())}
+    assert [title for level, title in headings() if level == 2 and slug(title) not in linked] == []
+
+
+def test_the_first_screen_is_what_it_is_how_to_install_and_the_smallest_program() -> None:
+    text = README.read_text(encoding="utf-8")
+    first_screen = "\n".join(text.splitlines()[:60])
+    assert "pip install ." in first_screen
+    assert "```python" in first_screen and "open_engine(" in first_screen
+    sections = [title for level, title in headings() if level == 2]
+    assert sections[:2] == ["Quick start", "The API at a glance"]
 
 
 def test_every_install_hint_installs_what_exists() -> None:
