@@ -89,19 +89,8 @@ async def with_retries(
         if attempts <= 1:
             raise
         failure = error
-    return await _retry_failed(failure, call, attempts, backoff, backoff_max, before_sleep)
 
-
-async def _retry_failed(
-    failure: Exception,
-    call: Callable[[], Awaitable[T]],
-    attempts: int,
-    backoff: float,
-    backoff_max: float,
-    before_sleep: Callable[[int, Exception, float], None],
-) -> tuple[T, int]:
-    """Hand a call whose first try raised ``failure`` to tenacity; its first try is that one, replayed."""
-
+    # Only a failed call gets here: tenacity's first try is the one made above, replayed.
     def tell(state: tenacity.RetryCallState) -> None:
         assert state.outcome is not None
         error = state.outcome.exception()

@@ -27,6 +27,8 @@ QUICK = {
     "retain_backoff_max": 0.001,
 }
 WINDOW = {"evict_to": 1.0, "max_episodes": 3, "passivate_after": None}
+#: One round of three summarizer tries, then an hour before the next round (none comes in a test).
+ROUND_OF_THREE = SessionConfig(**WINDOW, **QUICK, summarize_attempts=3, summarize_retry_later=3600)
 
 
 def turns(count: int) -> list[Episode]:
@@ -44,9 +46,8 @@ async def test_a_summarizer_that_fails_fewer_times_than_its_attempts_is_summariz
     store_url, rows, caplog: pytest.LogCaptureFixture
 ) -> None:
     summarizer = FailingSummarizer(failures=2)
-    config = SessionConfig(**WINDOW, **QUICK, summarize_attempts=3, summarize_retry_later=3600)
     with caplog.at_level(logging.WARNING, logger="memengine.summarizer"):
-        async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
+        async with open_engine(store_url, summarizer=summarizer, config=ROUND_OF_THREE) as engine:
             session = engine.session("s")
             await session.add(turns(5))
             context = await session.context(wait_for_summary=True)
@@ -63,9 +64,8 @@ async def test_a_summarizer_failing_every_attempt_raises_its_last_error_and_keep
     store_url, rows, caplog: pytest.LogCaptureFixture
 ) -> None:
     summarizer = FailingSummarizer(failures=100)
-    config = SessionConfig(**WINDOW, **QUICK, summarize_attempts=3, summarize_retry_later=3600)
     with caplog.at_level(logging.ERROR, logger="memengine.summarizer"):
-        async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
+        async with open_engine(store_url, summarizer=summarizer, config=ROUND_OF_THREE) as engine:
             session = engine.session("s")
             await session.add(turns(5))
             with pytest.raises(SummaryError, match=r"model unavailable \(call 3\)"):
