@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
+from ..attachments import counting_attachments
 from ..config import SessionConfig
 from ..episode import Episode
 from ..tokens import Tokenizer, checked, estimate_tokens
@@ -53,12 +54,14 @@ _seq_of = operator.attrgetter("seq")
 def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
     """The session's token counter: the configured one, or the offline estimate.
 
-    A configured tokenizer that fails on some text (it was checked when the
+    Either way an image, file or audio part in a content (a base64 data URL)
+    counts as providers count it, not as its base64 text (see
+    :mod:`memengine.attachments`). A configured tokenizer that fails on some text (it was checked when the
     engine opened) does not fail the add, which is stored by then: that text is
     estimated instead, and the failure logged once per session.
     """
     if config.tokenizer is None:
-        return estimate_tokens
+        return counting_attachments(estimate_tokens)
     count = checked(config.tokenizer)
     failed = False
 
@@ -76,7 +79,7 @@ def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
                 )
             return estimate_tokens(text)
 
-    return tokens
+    return counting_attachments(tokens)
 
 
 @attrs.frozen
