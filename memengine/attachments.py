@@ -9,8 +9,11 @@ image, and the summarizer can do nothing with its bytes. So:
 
 - :func:`counting_attachments` wraps a tokenizer: each data URL counts
   :data:`ATTACHMENT_TOKENS`, and only the text around them is counted.
+  Those in an episode's metadata (a provider's message kept there, the
+  content holding its text) count the same (:func:`metadata_tokens`).
 - :func:`for_summarizer` gives the summarizer each episode with its data URLs
-  replaced by a short placeholder, ``[image/png, 150 KB]``.
+  replaced by a short placeholder, ``[image/png, 150 KB]``, and those of its
+  metadata named after its content.
 
 Finding them is linear in the text, without a regular expression: each
 ``;base64,`` marker is found with ``str.find``, its media type read from the
@@ -21,7 +24,8 @@ text are looked at (a text made of markers costs milliseconds, not seconds).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -98,19 +102,44 @@ def counting_attachments(count: Tokenizer) -> Tokenizer:
     return tokens
 
 
+def metadata_tokens(metadata: Mapping[str, Any]) -> int:
+    """Tokens of the data URLs in ``metadata``'s strings, at any depth (:data:`ATTACHMENT_TOKENS` each)."""
+    return ATTACHMENT_TOKENS * len(_in_metadata(metadata))
+
+
 def for_summarizer(episodes: Sequence[Episode]) -> Sequence[Episode]:
     """The episodes as the summarizer should read them: each data URL replaced by its placeholder."""
-    if not any(_MARKER in episode.content for episode in episodes):
+    changed = [_with_placeholders(episode) for episode in episodes]
+    if all(new is old for new, old in zip(changed, episodes, strict=True)):
         return episodes
-    return [_with_placeholders(episode) for episode in episodes]
+    return changed
 
 
 def _with_placeholders(episode: Episode) -> Episode:
     found = list(data_urls(episode.content)) if _MARKER in episode.content else []
-    if not found:
+    in_metadata = _in_metadata(episode.metadata) if episode.metadata else []
+    if not found and not in_metadata:
         return episode
     content = _replaced(episode.content, found, None)
+    if in_metadata:
+        content = "\n".join([content, *[url.placeholder for url in in_metadata]])
     return stored_episode(episode.role, content, episode.id, episode.created_at, episode.metadata, episode.seq)  # type: ignore[arg-type]
+
+
+def _in_metadata(metadata: Mapping[str, Any]) -> list[DataUrl]:
+    """The data URLs in the strings of ``metadata`` (JSON values: dicts, lists, strings), in order."""
+    found: list[DataUrl] = []
+    pending: list[Any] = [metadata]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            if _MARKER in value:
+                found.extend(data_urls(value))
+        elif isinstance(value, Mapping):
+            pending.extend(reversed(list(value.values())))
+        elif isinstance(value, (list, tuple)):
+            pending.extend(reversed(value))
+    return found
 
 
 def _replaced(text: str, found: list[DataUrl], replacement: str | None) -> str:

@@ -79,3 +79,25 @@ def test_text_without_data_urls_is_left_alone() -> None:
 def test_a_text_made_of_markers_is_scanned_in_bounded_time() -> None:
     for text in (";base64," * 500_000, "data:a/b;base64,a" * 250_000, "data:image/png;base64," + "A" * 4_000_000):
         assert len(list(data_urls(text))) <= 2_048
+
+
+async def test_an_image_kept_in_metadata_counts_and_is_named_to_the_summarizer(store_url) -> None:
+    small = base64.b64encode(random.Random(11).randbytes(6 * 1024)).decode()
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": QUESTION},
+            {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{small}"}},
+        ],
+    }
+    summarizer = ReadingSummarizer()
+    config = SessionConfig(max_episodes=2, evict_to=0.5)
+    async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", QUESTION, metadata=message)])
+        context = await session.context()
+        assert context.tokens == estimate_tokens(QUESTION) + ATTACHMENT_TOKENS  # the text, and the image
+        await session.add([Episode("assistant", "A cat on a windowsill."), Episode("user", "Thanks!")])
+        with anyio.fail_after(30):
+            await session.context(wait_for_summary=True)
+    assert f"{QUESTION}\n[image/jpeg, 6 KB]" in summarizer.read

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
-from ..attachments import counting_attachments
+from ..attachments import counting_attachments, metadata_tokens
 from ..config import SessionConfig
 from ..episode import Episode
 from ..tokens import Tokenizer, checked, estimate_tokens
@@ -271,6 +271,8 @@ class RawWindow:
             tokens = expected.get(content) if expected else None
             if tokens is None:
                 tokens = self._count_tokens(content)
+            if episode.metadata:  # an image kept in a provider's message there counts as one
+                tokens += metadata_tokens(episode.metadata)
         links = tool_links(episode.metadata) if episode.metadata else NO_LINKS  # most episodes have none
         position = self._base + len(self.raw)
         self.raw.append(episode)
