@@ -127,7 +127,12 @@ def _with_placeholders(episode: Episode) -> Episode:
 
 
 def _in_metadata(metadata: Mapping[str, Any]) -> list[DataUrl]:
-    """The data URLs in the strings of ``metadata`` (JSON values: dicts, lists, strings), in order."""
+    """The data URLs in the strings of ``metadata`` (JSON values: dicts, lists, strings), in order.
+
+    Also base64 sources without a URL: Anthropic's ``{"type": "base64",
+    "media_type": ..., "data": ...}`` and OpenAI's ``input_audio``
+    ``{"data": ..., "format": "wav"}`` (found in their place, not inside).
+    """
     found: list[DataUrl] = []
     pending: list[Any] = [metadata]
     while pending:
@@ -136,10 +141,27 @@ def _in_metadata(metadata: Mapping[str, Any]) -> list[DataUrl]:
             if _MARKER in value:
                 found.extend(data_urls(value))
         elif isinstance(value, Mapping):
+            source = _base64_source(value)
+            if source is not None:
+                found.append(source)
+                continue
             pending.extend(reversed(list(value.values())))
         elif isinstance(value, (list, tuple)):
             pending.extend(reversed(value))
     return found
+
+
+def _base64_source(value: Mapping[str, Any]) -> DataUrl | None:
+    data = value.get("data")
+    if not isinstance(data, str) or len(data) < 64:
+        return None
+    media_type = value.get("media_type")
+    if value.get("type") == "base64" and isinstance(media_type, str):
+        return DataUrl(0, 0, media_type, len(data))
+    audio_format = value.get("format")
+    if isinstance(audio_format, str):
+        return DataUrl(0, 0, f"audio/{audio_format}", len(data))
+    return None
 
 
 def _replaced(text: str, found: list[DataUrl], replacement: str | None) -> str:

@@ -101,3 +101,16 @@ async def test_an_image_kept_in_metadata_counts_and_is_named_to_the_summarizer(s
         with anyio.fail_after(30):
             await session.context(wait_for_summary=True)
     assert f"{QUESTION}\n[image/jpeg, 6 KB]" in summarizer.read
+
+
+def test_base64_sources_in_metadata_are_named() -> None:
+    data = base64.b64encode(bytes(2048)).decode()
+    anthropic = {
+        "role": "user",
+        "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/webp", "data": data}}],
+    }
+    audio = {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "mp3"}}]}
+    [image, sound] = for_summarizer(
+        [Episode("user", "look", metadata=anthropic), Episode("user", "hear", metadata=audio)]
+    )
+    assert (image.content, sound.content) == ("look\n[image/webp, 2 KB]", "hear\n[audio/mp3, 2 KB]")
