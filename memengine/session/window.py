@@ -56,9 +56,10 @@ def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
 
     Either way an image, file or audio part in a content (a base64 data URL)
     counts as providers count it, not as its base64 text (see
-    :mod:`memengine.attachments`). A configured tokenizer that fails on some text (it was checked when the
-    engine opened) does not fail the add, which is stored by then: that text is
-    estimated instead, and the failure logged once per session.
+    :mod:`memengine.attachments`). A configured tokenizer that fails on some
+    text (it was checked when the engine opened) does not fail the add, which
+    is stored by then: that text is estimated instead, and the failure logged
+    once per session.
     """
     if config.tokenizer is None:
         return counting_attachments(estimate_tokens)
@@ -146,8 +147,7 @@ class RawWindow:
         Those up to ``evicted_through`` (the stored boundary) stay evicted;
         then the rules are applied to the rest, as if it had just arrived.
         """
-        # The episodes kept (a delete, a clear, an activation after passivation in the same process)
-        # keep their counts: an episode is counted once.
+        # The episodes a delete keeps keep their counts: an episode is counted once.
         known = {(episode.seq, episode.id): tokens for episode, (_, tokens) in zip(self.raw, self._sizes, strict=True)}
         self.raw, self._sizes, self._links = [], [], []
         self._raw_tokens = 0
