@@ -7,7 +7,8 @@ counted once, when it is added or loaded, never per read.
 The default, :func:`estimate_tokens`, needs no package, no download and no
 network, and always gives the same answer. It counts what a byte-pair encoding
 of today's models turns into tokens (words, camelCase and mixed-case humps,
-digit runs, punctuation runs, newlines, indentation, non-ASCII letters), with
+digit runs, punctuation runs, newlines, indentation, non-ASCII letters, emoji;
+long runs of digits, newlines and spaces as the encodings merge them), with
 weights fitted to OpenAI's ``o200k_base`` on the samples in
 ``tests/token_samples`` and raised 5 %: a budget wants to count a little more,
 not less. Measured against ``o200k_base`` / ``cl100k_base`` (total tokens;
@@ -16,15 +17,17 @@ positive: it counts more; ``python benchmarks/tokens.py --accuracy``):
 =======================  =======  =======  ===========================
 text                     o200k    cl100k   per message (median, p95)
 =======================  =======  =======  ===========================
-sample conversation      +1.4 %   -2.1 %   +2 %, +14 %
+sample conversation      +1.0 %   -2.4 %   +0 %, +14 %
 English prose            +4.4 %   +3.1 %   +5 %, +14 %
-Python source            +4.0 %   +4.4 %   +5 %, +21 %
-JSON tool output         +3.5 %   +3.6 %   +3 %, +5 %
-technical docs           +7.9 %   +7.7 %   +6 %, +33 % (short lines)
+Python source            +3.8 %   +4.2 %   +4 %, +24 % (short lines)
+JSON tool output         +3.6 %   +3.7 %   +3 %, +5 %
+technical docs           +7.8 %   +7.6 %   +6 %, +33 % (short lines)
 base64                   +4.5 %   -0.4 %   +5 %, +5 %
-hexadecimal              +5.7 %   +6.2 %   +5 %, +7 %
-Chinese, Japanese        +29 %    -12 %
-Russian                  +47 %    -19 %
+hexadecimal              +5.9 %   +6.4 %   +5 %, +8 %
+Chinese, Japanese        +29 %    -11 %
+Russian                  +47 %    -18 %
+long runs, emoji, URLs,  +11 %    +8 %     each -8 % to +67 %
+logs, minified code
 =======================  =======  =======  ===========================
 
 The two encodings themselves differ by 1.45-1.8x on CJK and Cyrillic text, so
@@ -34,9 +37,10 @@ It takes time linear in the text, with no regular expression: the text's
 UTF-8 bytes are classified with ``bytes.translate`` (one bit per class), and
 each 16 KB block becomes one integer whose shifts, ANDs and ``bit_count``
 count the run starts, run lengths and case changes of every class at once.
-In one run of ``python benchmarks/tokens.py`` on a shared 2-core machine:
-190-280 MB/s on prose, code, JSON, base64 and hex, 12 µs for a 1,400-character
-message, the same time per character from 250K to 4M characters of ``a+a+...``.
+In runs of ``python benchmarks/tokens.py`` on a shared 2-core machine:
+75-280 MB/s on prose, code, JSON, base64 and hex (depending on the machine's
+load), 9-17 µs for a 1,400-character message, about the same time per
+character from 250K to 4M characters of ``a+a+...``.
 
 For an exact count, pass your model's own tokenizer, for example OpenAI's
 ``tiktoken`` (its first use downloads the encoding, about 3.6 MB, unless
@@ -69,7 +73,11 @@ _LETTER, _UPPER, _LOWER, _DIGIT, _PUNCT, _SPACE, _BREAK, _TWO_BYTE = (1 << bit f
 def _class_of(byte: int) -> int:
     char = chr(byte)
     if byte >= 0x80:
-        return _LETTER | _TWO_BYTE if 0xC0 <= byte < 0xE0 else (_LETTER if byte < 0xC0 else 0)
+        if byte < 0xC0:  # continuation byte
+            return _LETTER
+        if byte < 0xE0:  # lead of a 2-byte character
+            return _LETTER | _TWO_BYTE
+        return _PUNCT if byte >= 0xF0 else 0  # a 4-byte one (emoji) costs a token more
     if char.isalpha():
         return _LETTER | (_UPPER if char.isupper() else _LOWER)
     if char.isdigit():
@@ -97,15 +105,20 @@ _LETTERS, _UPPERS, _DIGITS, _PUNCTS, _SPACES, _BREAKS, _TWO_BYTES = map(
 # Tokens per feature, fitted by least squares to o200k_base (the relative error of each sample
 # kind weighing the same; CJK and Russian to the mean of o200k_base and cl100k_base), times 1.05.
 _PER_WORD = 1.024  # a run of letters: a word (a short one is one token)
-_PER_LONG_LETTER = 0.137  # each letter after a word's 6th: long or rare words split
-_PER_HUMP = 1.734  # a lower-case letter followed by a capital: camelCase, base64
-_PER_NUMBER = 1.584  # a run of digits
-_PER_PUNCT_RUN = 0.944  # a run of punctuation
-_PER_PUNCT = 0.028  # each punctuation character
-_PER_BREAK_RUN = 0.544  # a run of newlines, tabs, controls
-_PER_SPACE_RUN = 0.485  # a run of 2+ spaces (indentation, alignment)
-_PER_TWO_BYTE = 0.128  # each 2-byte character (accented Latin, Cyrillic, Greek)
-_PER_TEXT = 0.298
+_PER_LONG_LETTER = 0.136  # each letter after a word's 6th: long or rare words split
+_PER_HUMP = 1.909  # a lower-case letter followed by a capital: camelCase, base64
+_PER_NUMBER = 1.357  # a run of digits
+_PER_PUNCT_RUN = 0.951  # a run of punctuation
+_PER_PUNCT = 0.026  # each punctuation character
+_PER_BREAK_RUN = 0.496  # a run of newlines, tabs, controls
+_PER_SPACE_RUN = 0.482  # a run of 2+ spaces (indentation, alignment)
+_PER_TWO_BYTE = 0.129  # each 2-byte character (accented Latin, Cyrillic, Greek)
+# Long runs, beyond what the samples hold, as the encodings' merges go: 3 digits a token, 16
+# newlines or tabs a token, about 128 spaces a token (per character after a run's 4th or 7th).
+_PER_LONG_DIGIT = 0.35
+_PER_LONG_BREAK = 0.0625
+_PER_LONG_SPACE = 0.008
+_PER_TEXT = 0.33
 
 
 def estimate_tokens(text: str) -> int:
@@ -139,6 +152,9 @@ def estimate_tokens(text: str) -> int:
             + _PER_BREAK_RUN * (starts & _BREAKS).bit_count()
             + _PER_SPACE_RUN * (second & _SPACES).bit_count()
             + _PER_TWO_BYTE * (this & _TWO_BYTES).bit_count()
+            + _PER_LONG_DIGIT * (four & _DIGITS).bit_count()
+            + _PER_LONG_BREAK * (seven & _BREAKS).bit_count()
+            + _PER_LONG_SPACE * (seven & _SPACES).bit_count()
         )
     return max(1, round(total))
 

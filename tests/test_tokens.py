@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from memengine.tokens import estimate_tokens
 
-from .token_samples import SAMPLE_FILES, messages, references
+from .token_samples import SAMPLE_FILES, edge_cases, messages, references
 
 #: Kinds written in Latin script or ASCII: the estimate is within these bounds of o200k_base
 #: (in total over the sample), slightly above as a budget wants.
@@ -27,7 +27,7 @@ OTHER = ("cjk", "russian")
 
 def test_every_sample_kind_has_reference_counts() -> None:
     recorded = references()
-    assert set(recorded) == set(SAMPLE_FILES) == set(LATIN) | set(OTHER)
+    assert set(recorded) == set(SAMPLE_FILES) == {*LATIN, *OTHER, "edge"}
     for kind in SAMPLE_FILES:
         for counts in recorded[kind].values():
             assert len(counts) == len(messages(kind))
@@ -48,6 +48,15 @@ def test_cjk_and_cyrillic_are_estimated_between_the_encodings(kind: str) -> None
     o200k, cl100k = sum(recorded["o200k_base"]), sum(recorded["cl100k_base"])
     estimated = sum(estimate_tokens(text) for text in messages(kind))
     assert 0.75 * min(o200k, cl100k) <= estimated <= 1.25 * max(o200k, cl100k)
+
+
+@pytest.mark.parametrize("index", range(len(edge_cases())), ids=list(edge_cases()))
+def test_long_runs_emoji_urls_logs_and_minified_code_stay_in_a_wide_band(index: int) -> None:
+    """Long runs of digits, newlines or spaces are counted as the encodings merge them, never as one token."""
+    recorded = references()["edge"]
+    o200k, cl100k = recorded["o200k_base"][index], recorded["cl100k_base"][index]
+    estimated = estimate_tokens(messages("edge")[index])
+    assert 0.75 * min(o200k, cl100k) <= estimated <= 1.7 * max(o200k, cl100k)
 
 
 def test_short_texts() -> None:
