@@ -21,9 +21,13 @@ summary. Three rules decide where the window starts:
   the window it had.
 
 Each episode's size (characters, tokens) and tool links are computed once,
-when it enters; without a token bound, its tokens are counted only when a
-read first reports them (still once). Appending costs time proportional to what it evicts, not to
-the window or the history.
+when it enters, and kept with it: a read adds up nothing (the total is kept
+as episodes enter and leave), and a reset (a delete, a clear) keeps the counts
+of the episodes it keeps. A content of :data:`~memengine.tokens.OFF_LOOP_CHARS`
+characters or more is counted before it enters, in a worker thread (the add's
+caller counts it, or the activation, see :func:`~memengine.tokens.count_large`):
+:meth:`RawWindow.expect` hands those counts in. Appending costs time
+proportional to what it evicts, not to the window or the history.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
+from ..attachments import counting_attachments, metadata_tokens
 from ..config import SessionConfig
 from ..episode import Episode
 from ..tokens import Tokenizer, checked, estimate_tokens
@@ -49,12 +54,15 @@ _seq_of = operator.attrgetter("seq")
 def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
     """The session's token counter: the configured one, or the offline estimate.
 
-    A configured tokenizer that fails on some text (it was checked when the
-    engine opened) does not fail the add, which is stored by then: that text is
-    estimated instead, and the failure logged once per session.
+    Either way an image, file or audio part in a content (a base64 data URL)
+    counts as providers count it, not as its base64 text (see
+    :mod:`memengine.attachments`). A configured tokenizer that fails on some
+    text (it was checked when the engine opened) does not fail the add, which
+    is stored by then: that text is estimated instead, and the failure logged
+    once per session.
     """
     if config.tokenizer is None:
-        return estimate_tokens
+        return counting_attachments(estimate_tokens)
     count = checked(config.tokenizer)
     failed = False
 
@@ -72,7 +80,7 @@ def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
                 )
             return estimate_tokens(text)
 
-    return tokens
+    return counting_attachments(tokens)
 
 
 @attrs.frozen
@@ -103,31 +111,22 @@ class RawWindow:
         "_budget",
         "_call_at",
         "_count_tokens",
-        "_counted",
-        "_counted_total",
-        "_eager_tokens",
+        "_expected",
         "_links",
         "_low_water",
+        "_raw_tokens",
         "_result_at",
         "_sizes",
-        "_uncounted",
         "_window_chars",
         "_window_tokens",
         "evicted",
         "raw",
     )
 
-    def __init__(
-        self, budget: Budget, evict_to: float, count_tokens: Tokenizer, *, eager_tokens: bool | None = None
-    ) -> None:
+    def __init__(self, budget: Budget, evict_to: float, count_tokens: Tokenizer) -> None:
         self._budget = budget
-        # Counted as episodes enter only when a bound needs them; else when first read.
-        self._eager_tokens = budget.tokens is not None if eager_tokens is None else eager_tokens
-        self._counted: list[int | None] = []
-        # Their sum, and how many at the end are not counted yet (always a suffix): a read costs
-        # what entered since the last one, not the whole window.
-        self._counted_total = 0
-        self._uncounted = 0
+        self._raw_tokens = 0  # tokens of every raw episode: what a read reports, kept up to date
+        self._expected: dict[str, int] = {}  # counts made before the contents enter (see expect)
         self._low_water = budget.scaled(evict_to)
         self._count_tokens = count_tokens
         self.raw: list[Episode] = []
@@ -148,12 +147,15 @@ class RawWindow:
         Those up to ``evicted_through`` (the stored boundary) stay evicted;
         then the rules are applied to the rest, as if it had just arrived.
         """
-        self.raw, self._sizes, self._links, self._counted = [], [], [], []
-        self._counted_total = self._uncounted = 0
+        # The episodes a delete keeps keep their counts: an episode is counted once.
+        known = {(episode.seq, episode.id): tokens for episode, (_, tokens) in zip(self.raw, self._sizes, strict=True)}
+        self.raw, self._sizes, self._links = [], [], []
+        self._raw_tokens = 0
         self._call_at, self._result_at = {}, {}
         self._base = self.evicted = self._window_chars = self._window_tokens = 0
         for episode in episodes:
-            self._enter(episode)
+            self._enter(episode, known.get((episode.seq, episode.id)))
+        self._expected.clear()
         kept = 0
         while kept < len(self.raw) and self.raw[kept].seq <= evicted_through:  # type: ignore[operator]
             kept += 1
@@ -168,13 +170,22 @@ class RawWindow:
     def append(self, episodes: Iterable[Episode]) -> None:
         """Add new episodes at the end, one at a time, evicting by the rules above."""
         for episode in episodes:
-            links = self._enter(episode)
+            links = self._enter(episode, None)
             index = len(self.raw) - 1
             must = index + 1 if links.results and self._orphaned(index, self.evicted) else 0
             if not self._fits(self._budget):
                 self._evict(self._chunk_start(), must)
             elif must:
                 self._evict(must, must)
+        self._expected.clear()
+
+    def expect(self, counts: dict[str, int]) -> None:
+        """Token counts of contents about to enter (by the next append or reset), counted beforehand.
+
+        The next :meth:`append` or :meth:`reset` takes them instead of counting
+        those contents again, then forgets them; so do the next counts expected.
+        """
+        self._expected = counts
 
     def drop_through(self, seq: int) -> int:
         """Forget the episodes now covered by a summary through ``seq``; return how many."""
@@ -191,13 +202,8 @@ class RawWindow:
                 if self._result_at.get(call_id, limit) < limit:
                     del self._result_at[call_id]
         del raw[:covered]
+        self._raw_tokens -= sum([tokens for _, tokens in self._sizes[:covered]])
         del self._sizes[:covered]
-        dropped = self._counted[:covered]
-        uncounted = dropped.count(None)
-        self._uncounted -= uncounted
-        if uncounted < covered:
-            self._counted_total -= sum([tokens for tokens in dropped if tokens is not None])
-        del self._counted[:covered]
         del self._links[:covered]
         self._base += covered
         self.evicted -= covered
@@ -222,14 +228,8 @@ class RawWindow:
 
     @property
     def tokens(self) -> int:
-        """Tokens of every raw episode, evicted ones included (each counted once)."""
-        counted = self._counted
-        for index in range(len(counted) - self._uncounted, len(counted)):
-            tokens = self._count_tokens(self.raw[index].content)
-            counted[index] = tokens
-            self._counted_total += tokens
-        self._uncounted = 0
-        return self._counted_total
+        """Tokens of every raw episode, evicted ones included (each counted once, when it entered)."""
+        return self._raw_tokens
 
     def sizes(self, count: int) -> list[tuple[int, int]]:
         """Characters and tokens of ``raw[:count]``."""
@@ -263,19 +263,21 @@ class RawWindow:
 
     # -- internals ------------------------------------------------------------
 
-    def _enter(self, episode: Episode) -> ToolLinks:
-        chars = len(episode.content)
-        tokens = self._count_tokens(episode.content) if self._eager_tokens else 0  # 0: no bound needs it yet
+    def _enter(self, episode: Episode, tokens: int | None) -> ToolLinks:
+        content = episode.content
+        chars = len(content)
+        if tokens is None:
+            expected = self._expected
+            tokens = expected.get(content) if expected else None
+            if tokens is None:
+                tokens = self._count_tokens(content)
+            if episode.metadata:  # an image kept in a provider's message there counts as one
+                tokens += metadata_tokens(episode.metadata)
         links = tool_links(episode.metadata) if episode.metadata else NO_LINKS  # most episodes have none
         position = self._base + len(self.raw)
         self.raw.append(episode)
         self._sizes.append((chars, tokens))
-        if self._eager_tokens:
-            self._counted.append(tokens)
-            self._counted_total += tokens
-        else:
-            self._counted.append(None)
-            self._uncounted += 1
+        self._raw_tokens += tokens
         self._links.append(links)
         for call_id in links.calls:
             self._call_at[call_id] = position

@@ -21,6 +21,7 @@ import anyio.lowlevel
 import attrs
 
 from ..actor.mailbox import Mailbox
+from ..attachments import for_summarizer
 from ..config import SessionConfig
 from ..episode import Episode
 from ..errors import LeaseLostError, SummaryError, UncertainCommitError
@@ -157,7 +158,8 @@ class SummarizerActor:
 
     async def _summarize_untraced(self, batch: SummarizeBatch) -> str:
         with anyio.fail_after(self._config.summarize_timeout):
-            pending = self._summarizer.summarize(batch.previous, batch.episodes)
+            # An image's base64 means nothing to the summarizer: it reads "[image/png, 150 KB]" instead.
+            pending = self._summarizer.summarize(batch.previous, for_summarizer(batch.episodes))
             if not inspect.isawaitable(pending):
                 raise SummaryError(
                     f"summarize() returned {type(pending).__name__}, not an awaitable: make it `async def summarize`"
