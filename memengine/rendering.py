@@ -15,6 +15,12 @@ An episode is read by the first shape its metadata holds:
 - a provider message under ``"message"``: OpenAI Chat Completions
   (``tool_calls``, a ``role: "tool"`` answer) or Anthropic (content blocks
   ``tool_use`` / ``tool_result``);
+- a message or item that makes or answers a tool call, under ``"raw"`` or at
+  the top level of the metadata itself (as the README shows:
+  ``metadata={"role": "assistant", "tool_calls": [call]}``). At the top level
+  only the fields of a message or item are read (the application's own keys
+  stay out of the request), and a message without ``content`` takes the
+  episode's;
 - else its ``role`` and ``content``, with the tool call ids of
   :data:`~memengine.tool_calls.CALLS_KEY` / :data:`~memengine.tool_calls.RESULT_OF_KEY`
   if it has them (a call known by its id only is rendered as a call of a tool
@@ -75,6 +81,29 @@ AGENTS_ITEM_KEY = "openai_agents.item"
 AGENTS_ITEM_IN_CONTENT_KEY = "openai_agents.item_in_content"
 
 _OPENAI_ROLES = frozenset({"user", "assistant", "system", "developer"})
+# The fields of a Chat Completions (or Anthropic) message, read from the top level of an episode's metadata.
+_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "refusal", "audio", "function_call")
+# The fields of the Responses items that make or answer tool calls (the same, for the top level).
+_ITEM_FIELDS = (
+    "type",
+    "id",
+    "call_id",
+    "name",
+    "arguments",
+    "input",
+    "output",
+    "status",
+    "action",
+    "operation",
+    "caller",
+    "namespace",
+    "pending_safety_checks",
+    "acknowledged_safety_checks",
+    "server_label",
+    "approval_request_id",
+    "approve",
+    "reason",
+)
 _ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"})
 
 
@@ -260,15 +289,59 @@ def _shape(episode: Episode) -> _Shape:
         return _Shape("responses", item, tuple(_responses_parts(item)))
     message = metadata.get("message")
     if isinstance(message, dict) and isinstance(message.get("role"), str):
-        if _is_anthropic(message):
-            return _Shape("anthropic", message, tuple(_anthropic_parts(message)))
-        return _Shape("chat", message, tuple(_chat_parts(message)))
+        return _message_shape(message)
+    raw = metadata.get("raw")
+    if isinstance(raw, dict):
+        shape = _native_shape(raw)
+        if shape is not None:
+            return shape
+    shape = _native_shape(_top_level(episode))
+    if shape is not None:
+        return shape
     parts: list[_Part] = [_Text(episode.role, episode.content)]
     links = tool_links(metadata)
     if links.results:
         parts = [_Result(call_id, episode.content) for call_id in links.results]
     parts.extend(_Call(call_id, "tool", "{}") for call_id in links.calls)
     return _Shape("plain", None, tuple(parts))
+
+
+def _message_shape(message: dict[str, Any]) -> _Shape:
+    if _is_anthropic(message):
+        return _Shape("anthropic", message, tuple(_anthropic_parts(message)))
+    return _Shape("chat", message, tuple(_chat_parts(message)))
+
+
+def _native_shape(candidate: dict[str, Any]) -> _Shape | None:
+    """A provider message or item that carries tool calls or results, else ``None`` (read as plain).
+
+    For the top level of the metadata and ``"raw"``, whose other keys may be anything: only a
+    message or item that links a tool call is read as native, so ordinary metadata stays plain.
+    """
+    if not tool_links(candidate):
+        return None
+    if isinstance(candidate.get("role"), str) and "type" not in candidate:
+        return _message_shape(candidate)
+    if isinstance(candidate.get("type"), str):
+        return _Shape("responses", candidate, tuple(_responses_parts(candidate)))
+    return None
+
+
+def _top_level(episode: Episode) -> dict[str, Any]:
+    """The metadata as a provider message or item: memengine's own keys left out.
+
+    A chat message keeps only the fields of a message (``role``, ``content``,
+    ``tool_calls``, ...) and, when it has no ``content``, takes the episode's;
+    an item, only the fields of a tool call's or result's item: the metadata
+    may hold the application's own keys too, which a provider would refuse.
+    """
+    metadata = episode.metadata
+    if isinstance(metadata.get("role"), str) and "type" not in metadata:
+        message = {key: metadata[key] for key in _MESSAGE_FIELDS if key in metadata}
+        if "content" not in message:
+            message["content"] = episode.content or None
+        return message
+    return {key: metadata[key] for key in _ITEM_FIELDS if key in metadata}
 
 
 def _responses_item(episode: Episode) -> dict[str, Any] | None:

@@ -267,3 +267,48 @@ async def test_every_read_of_a_tool_heavy_session_renders_to_a_valid_request(tmp
         assert ctx.summary is not None
         assert ctx.to_openai_chat()[0] == {"role": "system", "content": SUMMARY_PREFIX + ctx.summary}
         assert_valid_everywhere(ctx)
+
+
+WEATHER_CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Lisbon"}'}}
+
+
+@pytest.mark.parametrize("where", ["top level", "message", "raw"])
+def test_a_chat_message_in_metadata_renders_with_its_real_name_and_arguments(where: str) -> None:
+    # The README's own example: the message at the top level of the metadata.
+    call = {"role": "assistant", "tool_calls": [WEATHER_CALL]}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}
+    if where != "top level":
+        call, result = {where: {**call, "content": "checking the weather"}}, {where: result}
+    ctx = context(
+        Episode("user", "Weather in Lisbon?"),
+        Episode("assistant", "checking the weather", metadata=call),
+        Episode("tool", '{"temp": 21}', metadata=result),
+    )
+    chat = ctx.to_openai_chat()
+    assert chat[1] == {"role": "assistant", "content": "checking the weather", "tool_calls": [WEATHER_CALL]}
+    assert chat[2] == {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}
+    calls = [item for item in ctx.to_openai_responses() if item.get("type") == "function_call"]
+    assert calls == [{"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city": "Lisbon"}'}]
+    uses = [b for m in ctx.to_anthropic()["messages"] for b in m["content"] if b["type"] == "tool_use"]
+    assert uses == [{"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Lisbon"}}]
+    assert_valid_everywhere(ctx)
+
+
+def test_top_level_responses_items_and_anthropic_blocks_render_with_their_real_names() -> None:
+    item = {"type": "function_call", "call_id": "c9", "name": "lookup", "arguments": '{"q": 1}'}
+    output = {"type": "function_call_output", "call_id": "c9", "output": "found"}
+    ctx = context(
+        Episode("user", "find it"),
+        Episode("assistant", "lookup", metadata={**item, "source": "my-agent"}),
+        Episode("tool", "found", metadata=output),
+    )
+    assert ctx.to_openai_responses()[1:] == [item, output]
+    assert ctx.to_openai_chat()[1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"q": 1}'}
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "search", "input": {"q": "x"}}]}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "hit"}]}
+    ctx = context(
+        Episode("user", "search x"), Episode("assistant", "search", metadata=use), Episode("user", "hit", metadata=answer)
+    )
+    assert ctx.to_anthropic()["messages"][1:] == [use, answer]
+    assert ctx.to_openai_chat()[1]["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"q": "x"}'}
+    assert_valid_everywhere(ctx)
