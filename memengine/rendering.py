@@ -5,8 +5,22 @@
 request prefix: the summary as the system-level text the provider expects
 (first ``system`` message for OpenAI, the top-level ``system`` parameter for
 Anthropic), then the episodes in order, every tool result right after the
-call it answers (the window never separates them; see
-:mod:`memengine.tool_calls`). Append the new user turn and send.
+call it answers. Append the new user turn and send.
+
+Tool calls and results, whatever edits the session saw:
+
+- a result answers the nearest earlier call with its id that is still
+  unanswered, so ids reused from turn to turn (``call_0`` every turn) pair
+  each result with its own call;
+- a result stored after other turns (a late result) is rendered right after
+  its call, before those turns;
+- a call with no result (its result was deleted, or has not arrived) is left
+  out as soon as another turn follows it: providers refuse a call followed by
+  anything but its result. While it is the last turn it is kept, since its
+  result may still come: a rendering may then end with calls, and the next
+  message you append must be their results;
+- a result without its call (deleted, summarized, or a second result of one
+  call) is left out.
 
 An episode is read by the first shape its metadata holds:
 
@@ -29,8 +43,9 @@ An episode is read by the first shape its metadata holds:
 An episode already in the target provider's shape is passed on as it is;
 otherwise it is converted: its text, its tool calls (name and arguments) and
 its tool results (as text). What a provider cannot express (reasoning items,
-images for another provider, server-side tools) is left out, and a tool
-result is never rendered without its call. Roles other than ``user``,
+images for another provider, server-side tools) is left out. An episode
+split by the rules above (a late result moved, a call left out) is converted
+even for its own provider. Roles other than ``user``,
 ``assistant``, ``system`` and ``developer`` become ``user`` for OpenAI; for
 Anthropic, ``system`` and ``developer`` episodes join the ``system`` text,
 after the summary.
@@ -138,29 +153,17 @@ class _Shape:
     parts: tuple[_Part, ...]
 
 
-def _passed_through(shape: _Shape, kind: str, called: set[str]) -> dict[str, Any] | None:
-    """A copy of the episode's own item if it is already in ``kind``'s shape and answers only known calls.
-
-    Its calls are then known (``called``); ``None`` means it is rendered from its parts.
-    """
-    if shape.kind != kind or shape.native is None or not _answers_known(shape, called):
-        return None
-    called.update(part.call_id for part in shape.parts if isinstance(part, _Call))
-    return copy.deepcopy(shape.native)
-
-
 def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
     """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes."""
     messages: list[dict[str, Any]] = []
     if context.summary is not None:
         messages.append({"role": "system", "content": SUMMARY_PREFIX + context.summary})
-    called: set[str] = set()
-    for shape in _shapes(context.episodes):
-        native = _passed_through(shape, "chat", called)
+    for piece in _plan(context.episodes):
+        native = piece.native("chat")
         if native is not None:
-            messages.append(native)
+            _append_chat(messages, native)
             continue
-        for part in shape.parts:
+        for part in piece.parts:
             if isinstance(part, _Text):
                 if part.text:
                     role = part.role if part.role in _OPENAI_ROLES else "user"
@@ -171,15 +174,23 @@ def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {"name": part.name, "arguments": part.arguments},
                 }
-                last = messages[-1] if messages else None
-                if last is not None and last.get("role") == "assistant":
-                    last.setdefault("tool_calls", []).append(tool_call)
-                else:
-                    messages.append({"role": "assistant", "content": None, "tool_calls": [tool_call]})
-                called.add(part.call_id)
-            elif part.call_id in called:
+                _append_chat(messages, {"role": "assistant", "content": None, "tool_calls": [tool_call]})
+            else:
                 messages.append({"role": "tool", "tool_call_id": part.call_id, "content": part.output})
     return messages
+
+
+def _append_chat(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """The calls of one turn go in one assistant message: a message with ``tool_calls`` must be answered next."""
+    last = messages[-1] if messages else None
+    calls = message.get("tool_calls")
+    if not calls or message.get("role") != "assistant" or last is None or last.get("role") != "assistant":
+        messages.append(message)
+        return
+    last.setdefault("tool_calls", []).extend(calls)
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        last["content"] = f"{last['content']}\n{text}" if isinstance(last.get("content"), str) else text
 
 
 def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
@@ -187,13 +198,12 @@ def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     if context.summary is not None:
         items.append({"role": "system", "content": SUMMARY_PREFIX + context.summary})
-    called: set[str] = set()
-    for shape in _shapes(context.episodes):
-        native = _passed_through(shape, "responses", called)
+    for piece in _plan(context.episodes):
+        native = piece.native("responses")
         if native is not None:
             items.append(native)
             continue
-        for part in shape.parts:
+        for part in piece.parts:
             if isinstance(part, _Text):
                 if part.text:
                     role = part.role if part.role in _OPENAI_ROLES else "user"
@@ -202,8 +212,7 @@ def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
                 items.append(
                     {"type": "function_call", "call_id": part.call_id, "name": part.name, "arguments": part.arguments}
                 )
-                called.add(part.call_id)
-            elif part.call_id in called:
+            else:
                 items.append({"type": "function_call_output", "call_id": part.call_id, "output": part.output})
     return items
 
@@ -221,7 +230,6 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
     if context.summary is not None:
         system.append(SUMMARY_PREFIX + context.summary)
     messages: list[dict[str, Any]] = []
-    called: set[str] = set()
 
     def append(role: str, blocks: list[dict[str, Any]]) -> None:
         if not blocks:
@@ -233,14 +241,14 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
         else:
             messages.append({"role": role, "content": blocks})
 
-    for shape in _shapes(context.episodes):
-        native = _passed_through(shape, "anthropic", called)
+    for piece in _plan(context.episodes):
+        native = piece.native("anthropic")
         if native is not None:
             content = native.get("content")
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
             append(native["role"], blocks)
             continue
-        for part in shape.parts:
+        for part in piece.parts:
             if isinstance(part, _Text):
                 if not part.text.strip():
                     continue
@@ -252,13 +260,116 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
                 append(
                     "assistant", [{"type": "tool_use", "id": part.call_id, "name": part.name, "input": _input(part)}]
                 )
-                called.add(part.call_id)
-            elif part.call_id in called:
+            else:
                 append("user", [{"type": "tool_result", "tool_use_id": part.call_id, "content": part.output}])
     request: dict[str, Any] = {"messages": messages}
     if system:
         request["system"] = "\n\n".join(system)
     return request
+
+
+@attrs.define
+class _Piece:
+    """What the plan renders at one point: some parts of one episode (``whole``: all of them)."""
+
+    shape: _Shape
+    parts: list[_Part]
+    whole: bool
+
+    def native(self, kind: str) -> dict[str, Any] | None:
+        """A copy of the episode's own message or item, if it is in ``kind``'s shape and rendered whole."""
+        if self.whole and self.shape.kind == kind and self.shape.native is not None:
+            return copy.deepcopy(self.shape.native)
+        return None
+
+
+def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
+    """The episodes' parts in the order a provider accepts, each result right after its call.
+
+    Results are paired with calls by position: a result answers the nearest
+    earlier call with its id that no result answered yet (ids may be reused,
+    ``call_0`` every turn); a result that finds none (its call is gone, or was
+    answered already) is left out. An *exchange* is a run of calls (one
+    episode's, or consecutive call-only episodes') and then their results;
+    the next turn (text, or calls after results) closes it. Results that come
+    later than that turn (late results) are moved up to close the exchange, so
+    they follow their call. A call no result answers is left out once a turn
+    closes its exchange: providers refuse a call followed by anything but its
+    result. The calls of the last exchange are kept: their results may still come.
+    """
+    shapes = [_shape(episode) for episode in episodes]
+    call_of: dict[tuple[int, int], tuple[int, int]] = {}  # result (episode, part) -> the call it answers
+    result_of: dict[tuple[int, int], tuple[int, int]] = {}  # and back
+    open_calls: dict[str, list[tuple[int, int]]] = {}
+    for index, shape in enumerate(shapes):
+        for number, part in enumerate(shape.parts):
+            if isinstance(part, _Result) and (waiting := open_calls.get(part.call_id)):
+                call = waiting.pop()
+                call_of[index, number] = call
+                result_of[call] = (index, number)
+        for number, part in enumerate(shape.parts):
+            if isinstance(part, _Call):
+                open_calls.setdefault(part.call_id, []).append((index, number))
+
+    plan: list[_Piece] = []
+    pieces_of_call: dict[tuple[int, int], _Piece] = {}
+    exchange: list[tuple[int, int]] = []  # calls of the open exchange
+    answering = False  # whether results of the open exchange were rendered yet
+    done: set[tuple[int, int]] = set()  # results rendered already (moved up)
+
+    def render(index: int, numbers: list[int]) -> _Piece:
+        shape = shapes[index]
+        piece = _Piece(shape, [shape.parts[n] for n in numbers], len(numbers) == len(shape.parts))
+        plan.append(piece)
+        for number in numbers:
+            if isinstance(shape.parts[number], _Call):
+                pieces_of_call[index, number] = piece
+            done.add((index, number))
+        return piece
+
+    def close(upto: int) -> None:
+        """End the open exchange before episode ``upto``: its later results now, its unanswered calls left out."""
+        later: dict[int, list[int]] = {}
+        for call in exchange:
+            result = result_of.get(call)
+            if result is None:
+                piece = pieces_of_call[call]
+                piece.parts.remove(shapes[call[0]].parts[call[1]])
+                piece.whole = False
+            elif result not in done and result[0] >= upto:
+                later.setdefault(result[0], []).append(result[1])
+        for index in sorted(later):
+            render(index, sorted(later[index]))
+
+    for index, shape in enumerate(shapes):
+        parts = shape.parts
+        if not parts:
+            render(index, [])  # an item only its own provider reads (reasoning, ...): it changes no exchange
+            continue
+        results = [n for n, part in enumerate(parts) if isinstance(part, _Result) and (index, n) not in done]
+        ours = [n for n in results if call_of.get((index, n)) in exchange]
+        calls = [n for n, part in enumerate(parts) if isinstance(part, _Call)]
+        if not calls and not any(isinstance(part, _Text) and part.text.strip() for part in parts):
+            if ours:
+                render(index, ours)
+                answering = True
+            continue  # results of no open exchange: their call is gone or was answered
+        texts = any(isinstance(part, _Text) and part.text.strip() for part in parts)
+        if calls and not results and not texts and not answering and exchange:
+            render(index, list(range(len(parts))))  # more calls of the same turn (parallel calls, one item each)
+            exchange.extend((index, n) for n in calls)
+            continue
+        pending = [result_of[call] for call in exchange if call in result_of and result_of[call] not in done]
+        if ours and len(ours) == len(results) == len(_results_in(parts)) and all(r[0] == index for r in pending):
+            # It answers the open exchange in place, and no later result is owed: rendered whole.
+            render(index, list(range(len(parts))))
+        close(index)
+        rest = [n for n in range(len(parts)) if (index, n) not in done and not isinstance(parts[n], _Result)]
+        if rest:
+            render(index, rest)
+        exchange = [(index, n) for n in calls]
+        answering = False
+    return plan
 
 
 def _has_non_result(message: dict[str, Any]) -> bool:
@@ -273,9 +384,8 @@ def _input(call: _Call) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def _answers_known(shape: _Shape, called: set[str]) -> bool:
-    """A native message may be passed on as it is only if every result in it answers a call already sent."""
-    return all(part.call_id in called for part in shape.parts if isinstance(part, _Result))
+def _results_in(parts: tuple[_Part, ...]) -> list[int]:
+    return [number for number, part in enumerate(parts) if isinstance(part, _Result)]
 
 
 def _shapes(episodes: tuple[Episode, ...]) -> list[_Shape]:
