@@ -197,3 +197,31 @@ def test_a_call_id_used_again_after_a_summary_still_keeps_its_group_whole() -> N
     window.append([numbered("user", "one more", seq=8)])
     assert is_valid_prefix(window.raw, window.evicted)
     assert window.window[0].seq != 7, "a tool result is shown raw without its call"
+
+
+def turn_with_a_tool_call(seq: int, call_id: str) -> list[Episode]:
+    return [
+        numbered("user", f"question {seq}", seq=seq),
+        numbered("assistant", "calling", seq=seq + 1, metadata={CALLS_KEY: [call_id]}),
+        numbered("tool", "result", seq=seq + 2, metadata={RESULT_OF_KEY: call_id}),
+        numbered("assistant", f"answer {seq}", seq=seq + 3),
+    ]
+
+
+def test_call_ids_reused_every_turn_keep_the_window_as_full_as_unique_ids() -> None:
+    """Models that number calls per turn (call_0 every turn): each result pairs with its own turn's call."""
+    sizes = {}
+    for ids in ("reused", "unique"):
+        window = RawWindow(Budget(16, 10**6), 0.5, words)
+        shown = []
+        for turn in range(40):
+            for episode in turn_with_a_tool_call(turn * 4 + 1, "call_0" if ids == "reused" else f"call_{turn}"):
+                window.append([episode])
+                if turn >= 5:
+                    shown.append(len(window.window))
+            if window.evicted:
+                window.drop_through(window.evicted_through)
+            assert is_valid_prefix(window.raw, window.evicted)
+        sizes[ids] = (min(shown), max(shown))
+    assert sizes["reused"] == sizes["unique"]
+    assert sizes["unique"][0] >= 7
