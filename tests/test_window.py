@@ -225,3 +225,27 @@ def test_call_ids_reused_every_turn_keep_the_window_as_full_as_unique_ids() -> N
         sizes[ids] = (min(shown), max(shown))
     assert sizes["reused"] == sizes["unique"]
     assert sizes["unique"][0] >= 7
+
+
+def test_a_call_whose_result_was_deleted_no_longer_holds_the_window() -> None:
+    # Seqs 1..4 were stored; the result (3) was deleted: the window is loaded again without it.
+    window = RawWindow(Budget(4, 10**6), 0.5, words)
+    window.reset(
+        [
+            numbered("user", "question", seq=1),
+            numbered("assistant", "calling", seq=2, metadata={CALLS_KEY: ["c1"]}),
+            numbered("assistant", "answer", seq=4),
+        ]
+    )
+    for seq in range(5, 20):
+        window.append([numbered("user", f"turn {seq}", seq=seq)])
+        assert len(window.window) <= 4, "the call counts as waiting for its result again"
+    # The newest episode deleted: the session's last seq says so.
+    window = RawWindow(Budget(4, 10**6), 0.5, words)
+    window.reset(
+        [numbered("user", "question", seq=1), numbered("assistant", "calling", seq=2, metadata={CALLS_KEY: ["c1"]})],
+        last_seq=3,
+    )
+    for seq in range(4, 20):
+        window.append([numbered("user", f"turn {seq}", seq=seq)])
+        assert len(window.window) <= 4, "the call counts as waiting for its result again"

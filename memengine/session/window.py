@@ -17,7 +17,9 @@ summary. Three rules decide where the window starts:
   call is not in the window (evicted, deleted or never added) is evicted, with
   everything before it. A result answers the nearest earlier call of its id
   still unanswered (ids may be reused, ``call_0`` every turn), else the
-  newest call of its id (a second result).
+  newest call of its id (a second result). A call whose result was deleted
+  waits no more: a seq missing after it (seqs are never reused) says that
+  something after it was deleted, and it no longer holds the window.
 - **Boundaries are kept.** Once evicted, an episode stays evicted: the
   boundary is stored (``evicted_through``), and a session loaded again shows
   the window it had.
@@ -159,11 +161,15 @@ class RawWindow:
 
     # -- changes -------------------------------------------------------------
 
-    def reset(self, episodes: Iterable[Episode], evicted_through: int = 0) -> None:
+    def reset(self, episodes: Iterable[Episode], evicted_through: int = 0, last_seq: int | None = None) -> None:
         """Start over from the live episodes after the summary (activation, clear, delete).
 
         Those up to ``evicted_through`` (the stored boundary) stay evicted;
         then the rules are applied to the rest, as if it had just arrived.
+        ``last_seq`` is the highest seq the session assigned: seqs are never
+        reused, so a seq missing after a call (up to ``last_seq``) is a deleted
+        episode, and a call with no result before such a gap waits no more
+        (its result may be what was deleted): it no longer holds the window.
         """
         self.raw, self._sizes, self._links, self._counted = [], [], [], []
         self._reach, self._answered_from = [], []
@@ -171,8 +177,15 @@ class RawWindow:
         self._unanswered, self._newest_call, self._waiting = {}, {}, {}
         self._base = self.evicted = self._window_chars = self._window_tokens = 0
         self._last_seq = None
+        gap_before = 0  # index of the newest episode after a deleted one
         for episode in episodes:
+            if self._last_seq is not None and episode.seq is not None and episode.seq > self._last_seq + 1:
+                gap_before = len(self.raw)
             self._enter(episode)
+        if last_seq is not None and self._last_seq is not None and last_seq > self._last_seq:
+            gap_before = len(self.raw)
+        if gap_before and self._waiting:
+            self._waiting = {position: count for position, count in self._waiting.items() if position >= gap_before}
         kept = 0
         while kept < len(self.raw) and self.raw[kept].seq <= evicted_through:  # type: ignore[operator]
             kept += 1
