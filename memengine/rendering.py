@@ -349,12 +349,14 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
         results = [n for n, part in enumerate(parts) if isinstance(part, _Result) and (index, n) not in done]
         ours = [n for n in results if call_of.get((index, n)) in exchange]
         calls = [n for n, part in enumerate(parts) if isinstance(part, _Call)]
-        if not calls and not any(isinstance(part, _Text) and part.text.strip() for part in parts):
+        texts = any(isinstance(part, _Text) and part.text.strip() for part in parts)
+        if not calls and not texts:
             if ours:
                 render(index, ours)
                 answering = True
-            continue  # results of no open exchange: their call is gone or was answered
-        texts = any(isinstance(part, _Text) and part.text.strip() for part in parts)
+            elif not _results_in(parts):
+                render(index, list(range(len(parts))))  # blank text: its own provider gets it as it is
+            continue  # (results of no open exchange: their call is gone, or was answered)
         if calls and not results and not texts and not answering and exchange:
             render(index, list(range(len(parts))))  # more calls of the same turn (parallel calls, one item each)
             exchange.extend((index, n) for n in calls)
