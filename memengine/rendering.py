@@ -174,17 +174,29 @@ def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {"name": part.name, "arguments": part.arguments},
                 }
-                _append_chat(messages, {"role": "assistant", "content": None, "tool_calls": [tool_call]})
+                _append_chat(
+                    messages, {"role": "assistant", "content": None, "tool_calls": [tool_call]}, converted=True
+                )
             else:
                 messages.append({"role": "tool", "tool_call_id": part.call_id, "content": part.output})
     return messages
 
 
-def _append_chat(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
-    """The calls of one turn go in one assistant message: a message with ``tool_calls`` must be answered next."""
+def _append_chat(messages: list[dict[str, Any]], message: dict[str, Any], *, converted: bool = False) -> None:
+    """The calls of one turn go in one assistant message: a message with ``tool_calls`` must be answered next.
+
+    A converted call joins the assistant message before it (its text, or its
+    calls); a provider's own message only joins the calls before it.
+    """
     last = messages[-1] if messages else None
     calls = message.get("tool_calls")
-    if not calls or message.get("role") != "assistant" or last is None or last.get("role") != "assistant":
+    if (
+        not calls
+        or message.get("role") != "assistant"
+        or last is None
+        or last.get("role") != "assistant"
+        or not (converted or last.get("tool_calls"))
+    ):
         messages.append(message)
         return
     last.setdefault("tool_calls", []).extend(calls)
@@ -357,7 +369,7 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
             elif not _results_in(parts):
                 render(index, list(range(len(parts))))  # blank text: its own provider gets it as it is
             continue  # (results of no open exchange: their call is gone, or was answered)
-        if calls and not results and not texts and not answering and exchange:
+        if calls and not results and not texts and not answering and exchange and not _reuses(shapes, exchange, parts):
             render(index, list(range(len(parts))))  # more calls of the same turn (parallel calls, one item each)
             exchange.extend((index, n) for n in calls)
             continue
@@ -384,6 +396,12 @@ def _input(call: _Call) -> dict[str, Any]:
     except ValueError:
         return {"arguments": call.arguments}
     return value if isinstance(value, dict) else {"arguments": value}
+
+
+def _reuses(shapes: list[_Shape], exchange: list[tuple[int, int]], parts: tuple[_Part, ...]) -> bool:
+    """Whether ``parts`` call an id the open exchange calls already (one message cannot hold it twice)."""
+    open_ids = {shapes[index].parts[number].call_id for index, number in exchange}  # type: ignore[union-attr]
+    return any(isinstance(part, _Call) and part.call_id in open_ids for part in parts)
 
 
 def _results_in(parts: tuple[_Part, ...]) -> list[int]:
