@@ -38,6 +38,7 @@ steps = st.lists(
             st.just("append"), st.lists(st.one_of(plain, plain, calling, answering, answering, stray), max_size=5)
         ),
         st.tuples(st.just("summarize"), st.integers(1, 50)),
+        st.tuples(st.just("delete"), st.integers(0, 50)),
     ),
     max_size=40,
 )
@@ -85,11 +86,12 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
     seqs = itertools.count(1)
     call_ids = itertools.count(1)
     calls: list[str] = []
+    last_seq = 0
     for step, (action, argument) in enumerate(script):
         if action == "append":
             new = []
             for kind, size in argument:
-                seq = next(seqs)
+                seq = last_seq = next(seqs)
                 metadata: dict = {}
                 if kind == "call":
                     made = [f"c{next(call_ids)}" for _ in range(size)]
@@ -115,6 +117,11 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
             elif len(new) == 1 and window.evicted > before and not open_call_shown(window.raw, before):
                 # An eviction for a budget goes down to the low-water mark (or further, to keep a group whole).
                 assert low_water.holds(*sizes) or any(tool_links(e.metadata) for e in window.raw[before:])
+        elif action == "delete":
+            if window.raw:
+                # A delete: the session is loaded again without the episode (the store keeps seqs unique).
+                kept = [e for n, e in enumerate(window.raw) if n != argument % len(window.raw)]
+                window.reset(kept, window.evicted_through or 0, last_seq=last_seq)
         elif window.evicted:
             end = window.batch_end(argument, lambda episodes, chars, tokens: chars <= 60)
             assert 1 <= end <= window.evicted
@@ -128,7 +135,7 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
             assert window.tokens == sum(words(e.content) for e in window.raw)
         # A reload from the store (the episodes and the boundary) shows the same window.
         fresh = RawWindow(budget, evict_to, words)
-        fresh.reset(window.raw, window.evicted_through or 0)
+        fresh.reset(window.raw, window.evicted_through or 0, last_seq=last_seq)
         assert fresh.evicted == window.evicted
 
 
@@ -249,3 +256,62 @@ def test_a_call_whose_result_was_deleted_no_longer_holds_the_window() -> None:
     for seq in range(4, 20):
         window.append([numbered("user", f"turn {seq}", seq=seq)])
         assert len(window.window) <= 4, "the call counts as waiting for its result again"
+
+
+def pairs_by_position(raw: list[Episode]) -> list[list[int | None]]:
+    """For each episode, the index of the call each of its results answers (the rule the window applies)."""
+    unanswered: dict[str, list[int]] = {}
+    newest: dict[str, int] = {}
+    answered: list[list[int | None]] = []
+    for index, episode in enumerate(raw):
+        links = tool_links(episode.metadata)
+        for call_id in links.calls:
+            unanswered.setdefault(call_id, []).append(index)
+            newest[call_id] = index
+        calls: list[int | None] = []
+        for call_id in links.results:
+            waiting = unanswered.get(call_id)
+            calls.append(waiting.pop() if waiting else newest.get(call_id))
+        answered.append(calls)
+    return answered
+
+
+@settings(max_examples=300, deadline=None)
+@given(max_episodes=st.integers(1, 8), evict_to=st.sampled_from([0.25, 0.5, 1.0]), script=steps)
+def test_reused_call_ids_keep_each_group_whole(max_episodes, evict_to, script) -> None:
+    """Ids drawn from two (call_0, call_1, as models that number calls per turn): groups are paired by position."""
+    window = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
+    seqs = itertools.count(1)
+    open_ids: list[str] = []
+    last_seq = 0
+    for action, argument in script:
+        if action == "append":
+            new = []
+            for kind, size in argument:
+                seq = last_seq = next(seqs)
+                metadata: dict = {}
+                if kind == "call":
+                    made = [f"call_{n}" for n in range(min(size, 2))]
+                    open_ids.extend(made)
+                    metadata = {CALLS_KEY: made}
+                elif kind == "result" and open_ids:
+                    metadata = {RESULT_OF_KEY: open_ids.pop(size % len(open_ids))}
+                elif kind == "stray":
+                    metadata = {RESULT_OF_KEY: "call_1"}
+                new.append(numbered("user", "w w", seq=seq, metadata=metadata))
+            window.append(new)
+        elif action == "delete":
+            if window.raw:
+                kept = [e for n, e in enumerate(window.raw) if n != argument % len(window.raw)]
+                window.reset(kept, window.evicted_through or 0, last_seq=last_seq)
+        elif window.evicted:
+            end = window.batch_end(argument, lambda episodes, chars, tokens: episodes <= 3)
+            assert all(call is None or call >= end for calls in pairs_by_position(window.raw)[end:] for call in calls)
+            window.drop_through(window.raw[end - 1].seq)
+        start = window.evicted
+        for index, calls in enumerate(pairs_by_position(window.raw)):
+            if index >= start:
+                assert all(call is not None and call >= start for call in calls), "a result shown without its call"
+        fresh = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
+        fresh.reset(window.raw, window.evicted_through or 0, last_seq=last_seq)
+        assert fresh.evicted == window.evicted
