@@ -35,6 +35,9 @@ An episode is read by the first shape its metadata holds:
   only the fields of a message or item are read (the application's own keys
   stay out of the request), and a message without ``content`` takes the
   episode's;
+- a message or item that carries tool calls or results is read by its own
+  shape whichever of these keys holds it (a Chat message under ``"item"``, a
+  Responses item under ``"message"``);
 - else its ``role`` and ``content``, with the tool call ids of
   :data:`~memengine.tool_calls.CALLS_KEY` / :data:`~memengine.tool_calls.RESULT_OF_KEY`
   if it has them (a call known by its id only is rendered as a call of a tool
@@ -119,6 +122,7 @@ _ITEM_FIELDS = (
     "approve",
     "reason",
 )
+_NESTED_KEYS = ("item", "message", "raw")
 _ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"})
 
 
@@ -417,14 +421,12 @@ def _shape(episode: Episode) -> _Shape:
     item = _responses_item(episode)
     if item is not None:
         return _Shape("responses", item, tuple(_responses_parts(item)))
-    message = metadata.get("message")
-    if isinstance(message, dict) and isinstance(message.get("role"), str):
-        return _message_shape(message)
-    raw = metadata.get("raw")
-    if isinstance(raw, dict):
-        shape = _native_shape(raw)
-        if shape is not None:
-            return shape
+    for key in _NESTED_KEYS:
+        nested = metadata.get(key)
+        if isinstance(nested, dict):
+            shape = _native_shape(nested) or _nested_message(nested, key)
+            if shape is not None:
+                return shape
     shape = _native_shape(_top_level(episode))
     if shape is not None:
         return shape
@@ -442,14 +444,28 @@ def _message_shape(message: dict[str, Any]) -> _Shape:
     return _Shape("chat", message, tuple(_chat_parts(message)))
 
 
-def _native_shape(candidate: dict[str, Any]) -> _Shape | None:
-    """A provider message or item that carries tool calls or results, else ``None`` (read as plain).
+def _nested_message(nested: dict[str, Any], key: str) -> _Shape | None:
+    """A message or item without tool calls, under ``"item"`` (a Responses item) or ``"message"``."""
+    if key == "item" and (isinstance(nested.get("type"), str) or isinstance(nested.get("role"), str)):
+        return _Shape("responses", nested, tuple(_responses_parts(nested)))
+    if key == "message" and isinstance(nested.get("role"), str):
+        return _message_shape(nested)
+    return None
 
-    For the top level of the metadata and ``"raw"``, whose other keys may be anything: only a
-    message or item that links a tool call is read as native, so ordinary metadata stays plain.
+
+def _native_shape(candidate: dict[str, Any]) -> _Shape | None:
+    """A provider message or item that carries tool calls or results, by its own shape, else ``None``.
+
+    Wherever it sits: a Chat message (``tool_calls``, ``tool_call_id``) is
+    read as one even under ``"item"``, a Responses item (a ``type``) even
+    under ``"message"``. At the top level of the metadata and under ``"raw"``,
+    whose other keys may be anything, only a message or item that links a
+    tool call is read as native, so ordinary metadata stays plain.
     """
     if not tool_links(candidate):
         return None
+    if "tool_calls" in candidate or "tool_call_id" in candidate:
+        return _Shape("chat", candidate, tuple(_chat_parts(candidate))) if "role" in candidate else None
     if isinstance(candidate.get("role"), str) and "type" not in candidate:
         return _message_shape(candidate)
     if isinstance(candidate.get("type"), str):
@@ -482,8 +498,6 @@ def _responses_item(episode: Episode) -> dict[str, Any] | None:
             item = json.loads(episode.content)
         except ValueError:
             item = None
-    if item is None:
-        item = metadata.get("item")
     if isinstance(item, dict) and (isinstance(item.get("type"), str) or isinstance(item.get("role"), str)):
         return item
     return None

@@ -403,3 +403,17 @@ def test_reused_call_ids_pair_with_the_nearest_open_call() -> None:
         {"role": "tool", "tool_call_id": "call_0", "content": "second"},
     ]
     assert_valid_everywhere(ctx)
+
+
+def test_a_message_renders_by_its_own_shape_whichever_key_holds_it() -> None:
+    chat_message = {"role": "assistant", "content": None, "tool_calls": [WEATHER_CALL]}
+    item = {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city": "Lisbon"}'}
+    for call in ({"item": chat_message}, {"message": item}):
+        ctx = context(
+            Episode("user", "Weather?"),
+            Episode("assistant", None, metadata=call),  # type: ignore[arg-type]
+            chat_result("call_1", "sunny"),
+        )
+        assert ctx.to_openai_chat()[1]["tool_calls"] == [WEATHER_CALL]
+        assert ctx.to_openai_chat()[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+        assert_valid_everywhere(ctx)
