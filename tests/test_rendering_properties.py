@@ -43,7 +43,21 @@ from memengine.tool_calls import answering, calling
 
 from .fakes import fold
 
-SHAPES = ("chat", "chat-message", "responses", "anthropic", "plain")
+# Where an episode keeps its provider message: Chat at the top level of the metadata, or under "message",
+# "item" or "raw"; Responses items under "item" or at the top level (beside the application's own keys).
+SHAPES = ("chat", "chat-message", "chat-item", "chat-raw", "responses", "responses-top", "anthropic", "plain")
+CHAT_KEYS = {"chat-message": "message", "chat-item": "item", "chat-raw": "raw"}
+
+
+def kept(shape: str, message: dict[str, Any]) -> dict[str, Any]:
+    """The metadata of an episode that keeps ``message`` the way ``shape`` says."""
+    if shape in CHAT_KEYS:
+        return {CHAT_KEYS[shape]: message}
+    if shape == "responses":
+        return {"item": message}
+    if shape == "responses-top":
+        return {**message, "app.trace": "t-1"}
+    return message
 
 
 # -- validators, from the providers' documented rules --------------------------------------------
@@ -75,10 +89,18 @@ def check_chat(messages: list[dict[str, Any]], calls_made: dict[str, set[tuple[s
             assert isinstance(message["content"], str) and message["content"], f"an empty message: {message}"
 
 
+ITEM_FIELDS = {
+    "function_call": {"type", "id", "call_id", "name", "arguments", "status"},
+    "function_call_output": {"type", "id", "call_id", "output", "status"},
+}
+
+
 def check_responses(items: list[dict[str, Any]], calls_made: dict[str, set[tuple[str, str]]]) -> None:
     pending: list[str] = []
     for index, item in enumerate(items):
         kind = item.get("type")
+        if kind in ("function_call", "function_call_output"):
+            assert set(item) <= ITEM_FIELDS[kind], f"a field the API does not take: {item}"
         if kind == "function_call":
             assert (item["name"], item["arguments"]) in calls_made[item["call_id"]], f"a call not as made: {item}"
             pending.append(item["call_id"])
@@ -162,7 +184,7 @@ class History:
             self.calls_made.setdefault(call_id, set()).add((name, arguments))
             self.open.append((call_id, shape))
         text = f"assistant calls {self.count}" if with_text else None
-        if shape in ("chat", "chat-message"):
+        if shape.startswith("chat"):
             message = {
                 "role": "assistant",
                 "content": text,
@@ -170,11 +192,11 @@ class History:
                     {"id": i, "type": "function", "function": {"name": name, "arguments": arguments}} for i in ids
                 ],
             }
-            return [Episode("assistant", text, metadata=message if shape == "chat" else {"message": message})]  # type: ignore[arg-type]
-        if shape == "responses":
+            return [Episode("assistant", text, metadata=kept(shape, message))]  # type: ignore[arg-type]
+        if shape.startswith("responses"):
             items = [{"type": "function_call", "call_id": i, "name": name, "arguments": arguments} for i in ids]
             texts = [Episode("assistant", text)] if text else []
-            return texts + [Episode("assistant", None, metadata={"item": item}) for item in items]  # type: ignore[arg-type]
+            return texts + [Episode("assistant", None, metadata=kept(shape, item)) for item in items]  # type: ignore[arg-type]
         if shape == "anthropic":
             blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
             blocks += [{"type": "tool_use", "id": i, "name": name, "input": json.loads(arguments)} for i in ids]
@@ -189,12 +211,12 @@ class History:
             return []
         call_id, shape = self.open.pop(pick % len(self.open))
         output = f"output of {call_id}"
-        if shape in ("chat", "chat-message"):
+        if shape.startswith("chat"):
             message = {"role": "tool", "tool_call_id": call_id, "content": output}
-            return [Episode("tool", output, metadata=message if shape == "chat" else {"message": message})]
-        if shape == "responses":
+            return [Episode("tool", output, metadata=kept(shape, message))]
+        if shape.startswith("responses"):
             item = {"type": "function_call_output", "call_id": call_id, "output": output}
-            return [Episode("tool", output, metadata={"item": item})]
+            return [Episode("tool", output, metadata=kept(shape, item))]
         if shape == "anthropic":
             block = {"type": "tool_result", "tool_use_id": call_id, "content": output}
             return [Episode("user", output, metadata={"message": {"role": "user", "content": [block]}})]
