@@ -54,7 +54,6 @@ to the engine's thread, from whichever thread or loop it is made.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
@@ -246,7 +245,7 @@ class MemEngineSession:
 def _item_of(episode: Episode) -> dict[str, Any]:
     item = episode.metadata.get(ITEM_KEY)
     if isinstance(item, dict):
-        return copy.deepcopy(item)
+        return rendering.json_copy(item)
     if episode.metadata.get(ITEM_IN_CONTENT_KEY):
         return json.loads(episode.content)
     # An episode some other writer added to this session: show it as a plain message.
