@@ -44,6 +44,43 @@ steps = st.lists(
 )
 
 
+class Script:
+    """The episodes of a script's steps: call ids new for each call, or drawn from two (``call_0``, ``call_1``)."""
+
+    def __init__(self, *, reused_ids: bool) -> None:
+        self.reused_ids = reused_ids
+        self.seqs = itertools.count(1)
+        self.call_ids = itertools.count(1)
+        self.calls: list[str] = []  # calls made (with reused ids: those not answered yet)
+        self.last_seq = 0
+
+    def episodes(self, step: list[tuple[str, int]]) -> list[Episode]:
+        new = []
+        for kind, size in step:
+            seq = self.last_seq = next(self.seqs)
+            metadata: dict = {}
+            if kind == "call":
+                if self.reused_ids:
+                    made = [f"call_{n}" for n in range(min(size, 2))]
+                else:
+                    made = [f"c{next(self.call_ids)}" for _ in range(size)]
+                self.calls.extend(made)
+                metadata = {CALLS_KEY: made}
+            elif kind == "result" and self.calls:
+                pick = size % len(self.calls)
+                metadata = {RESULT_OF_KEY: self.calls.pop(pick) if self.reused_ids else self.calls[pick]}
+            elif kind == "stray":
+                metadata = {RESULT_OF_KEY: "call_1" if self.reused_ids else f"never-made-{seq}"}
+            new.append(numbered("user", " ".join(["w"] * (size if kind == "plain" else 2)), seq=seq, metadata=metadata))
+        return new
+
+    def delete(self, window: RawWindow, which: int) -> None:
+        """A delete: the session is loaded again without one episode (seqs stay unique: a gap)."""
+        if window.raw:
+            kept = [episode for n, episode in enumerate(window.raw) if n != which % len(window.raw)]
+            window.reset(kept, window.evicted_through or 0, last_seq=self.last_seq)
+
+
 def is_valid_prefix(raw: list[Episode], start: int, *, shown_from: int | None = None) -> bool:
     """Every result in ``raw[start:]`` has its call there before it; no call before ``start`` has a result after.
 
@@ -83,27 +120,10 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
     budget = Budget(max_episodes, max_chars, max_tokens)
     low_water = budget.scaled(evict_to)
     window = RawWindow(budget, evict_to, words)
-    seqs = itertools.count(1)
-    call_ids = itertools.count(1)
-    calls: list[str] = []
-    last_seq = 0
+    history = Script(reused_ids=False)
     for step, (action, argument) in enumerate(script):
         if action == "append":
-            new = []
-            for kind, size in argument:
-                seq = last_seq = next(seqs)
-                metadata: dict = {}
-                if kind == "call":
-                    made = [f"c{next(call_ids)}" for _ in range(size)]
-                    calls.extend(made)
-                    metadata = {CALLS_KEY: made}
-                elif kind == "result" and calls:
-                    metadata = {RESULT_OF_KEY: calls[size % len(calls)]}
-                elif kind == "stray":
-                    metadata = {RESULT_OF_KEY: f"never-made-{seq}"}
-                new.append(
-                    numbered("user", " ".join(["w"] * (size if kind == "plain" else 2)), seq=seq, metadata=metadata)
-                )
+            new = history.episodes(argument)
             before = window.evicted
             window.append(new)
             assert window.evicted >= before  # eviction never goes back
@@ -118,10 +138,7 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
                 # An eviction for a budget goes down to the low-water mark (or further, to keep a group whole).
                 assert low_water.holds(*sizes) or any(tool_links(e.metadata) for e in window.raw[before:])
         elif action == "delete":
-            if window.raw:
-                # A delete: the session is loaded again without the episode (the store keeps seqs unique).
-                kept = [e for n, e in enumerate(window.raw) if n != argument % len(window.raw)]
-                window.reset(kept, window.evicted_through or 0, last_seq=last_seq)
+            history.delete(window, argument)
         elif window.evicted:
             end = window.batch_end(argument, lambda episodes, chars, tokens: chars <= 60)
             assert 1 <= end <= window.evicted
@@ -135,7 +152,7 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
             assert window.tokens == sum(words(e.content) for e in window.raw)
         # A reload from the store (the episodes and the boundary) shows the same window.
         fresh = RawWindow(budget, evict_to, words)
-        fresh.reset(window.raw, window.evicted_through or 0, last_seq=last_seq)
+        fresh.reset(window.raw, window.evicted_through or 0, last_seq=history.last_seq)
         assert fresh.evicted == window.evicted
 
 
@@ -281,29 +298,12 @@ def pairs_by_position(raw: list[Episode]) -> list[list[int | None]]:
 def test_reused_call_ids_keep_each_group_whole(max_episodes, evict_to, script) -> None:
     """Ids drawn from two (call_0, call_1, as models that number calls per turn): groups are paired by position."""
     window = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
-    seqs = itertools.count(1)
-    open_ids: list[str] = []
-    last_seq = 0
+    history = Script(reused_ids=True)
     for action, argument in script:
         if action == "append":
-            new = []
-            for kind, size in argument:
-                seq = last_seq = next(seqs)
-                metadata: dict = {}
-                if kind == "call":
-                    made = [f"call_{n}" for n in range(min(size, 2))]
-                    open_ids.extend(made)
-                    metadata = {CALLS_KEY: made}
-                elif kind == "result" and open_ids:
-                    metadata = {RESULT_OF_KEY: open_ids.pop(size % len(open_ids))}
-                elif kind == "stray":
-                    metadata = {RESULT_OF_KEY: "call_1"}
-                new.append(numbered("user", "w w", seq=seq, metadata=metadata))
-            window.append(new)
+            window.append(history.episodes(argument))
         elif action == "delete":
-            if window.raw:
-                kept = [e for n, e in enumerate(window.raw) if n != argument % len(window.raw)]
-                window.reset(kept, window.evicted_through or 0, last_seq=last_seq)
+            history.delete(window, argument)
         elif window.evicted:
             end = window.batch_end(argument, lambda episodes, chars, tokens: episodes <= 3)
             assert all(call is None or call >= end for calls in pairs_by_position(window.raw)[end:] for call in calls)
@@ -313,5 +313,5 @@ def test_reused_call_ids_keep_each_group_whole(max_episodes, evict_to, script) -
             if index >= start:
                 assert all(call is not None and call >= start for call in calls), "a result shown without its call"
         fresh = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
-        fresh.reset(window.raw, window.evicted_through or 0, last_seq=last_seq)
+        fresh.reset(window.raw, window.evicted_through or 0, last_seq=history.last_seq)
         assert fresh.evicted == window.evicted
