@@ -12,11 +12,10 @@ from typing import Any
 import attrs
 
 from .limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS, require_text, require_utf8
-from .rendering import AGENTS_ITEM_KEY
 from .tool_calls import tool_links
 
 # Where an episode's metadata may hold the provider's own message or item.
-_MESSAGE_KEYS = ("message", "item", "raw", AGENTS_ITEM_KEY)
+_MESSAGE_KEYS = ("message", "item", "raw")
 
 
 def _new_id() -> str:
