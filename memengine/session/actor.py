@@ -508,7 +508,7 @@ class SessionActor:
         self._summary.adopt(snapshot)
         self._last_seq = snapshot.last_seq
         self._stored_boundary = snapshot.evicted_through
-        self._window.reset(snapshot.episodes, snapshot.evicted_through)
+        self._window.reset(snapshot.episodes, snapshot.evicted_through, snapshot.last_seq)
         self._keep_boundary()
         if self._retain is not None:
             self._retain.adopt(snapshot.retained_through)
