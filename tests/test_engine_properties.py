@@ -700,12 +700,26 @@ class TestEngineOnAsyncio(EngineMachine.TestCase):
     settings = PROPERTY_SETTINGS
 
 
+# Ten times the examples, with --soak (.ci/run runs them after the default run).
+SOAK_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=10 * PROPERTY_SETTINGS.max_examples)
+
+
+@pytest.mark.soak
+class TestEngineOnAsyncioSoak(EngineMachine.TestCase):
+    settings = SOAK_SETTINGS
+
+
 class TrioEngineMachine(EngineMachine):
     backend = "trio"
 
 
 class TestEngineOnTrio(TrioEngineMachine.TestCase):
     settings = PROPERTY_SETTINGS
+
+
+@pytest.mark.soak
+class TestEngineOnTrioSoak(TrioEngineMachine.TestCase):
+    settings = SOAK_SETTINGS
 
 
 @pytest.mark.parametrize("machine", [EngineMachine, TrioEngineMachine], ids=["asyncio", "trio"])
