@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -9,6 +10,59 @@ from pathlib import Path
 
 import pytest
 from trio.testing import MockClock
+
+# -- how the suite runs: soaks, test order ---------------------------------------------
+
+SOAK_REASON = "a long soak: run with --soak (.ci/run does, after the default run)"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("memengine")
+    group.addoption(
+        "--soak",
+        action="store_true",
+        help="also run the long soaks (tests marked soak: chaos hammers, large scales, many property examples); "
+        "`-m soak --soak` runs only them",
+    )
+    group.addoption(
+        "--shuffle",
+        nargs="?",
+        const="random",
+        default=None,
+        metavar="SEED",
+        help="run the tests in a random order (a seed from the run when none is given; the seed used is printed)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # an xdist worker: every worker collects in the order its controller drew
+        config.option.shuffle = workerinput.get("memengine_shuffle")
+    elif config.option.shuffle == "random":
+        config.option.shuffle = str(random.SystemRandom().randrange(10**6))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # xdist's hook, on the controller, for each worker it starts
+    node.workerinput["memengine_shuffle"] = node.config.option.shuffle
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = ["soaks: " + ("run (--soak)" if config.getoption("--soak") else "skipped (--soak runs them)")]
+    if config.getoption("--shuffle") is not None:
+        lines.append(f"order: shuffled, --shuffle={config.getoption('--shuffle')} repeats it")
+    return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        random.Random(seed).shuffle(items)
+    if not config.getoption("--soak"):
+        skip = pytest.mark.skip(reason=SOAK_REASON)
+        for item in items:
+            if item.get_closest_marker("soak") is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

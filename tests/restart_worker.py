@@ -3,6 +3,9 @@
 ``python -m tests.restart_worker STORE BACKEND MODE`` with default settings
 (``lease_ttl`` 10 s, ``retain_claim_seconds`` 60 s) apart from
 ``retain_every=2``, and the default owner name (a new one per process).
+``MEMENGINE_TEST_LEASE_TTL``, ``MEMENGINE_TEST_LEASE_WAIT`` and
+``MEMENGINE_TEST_CLAIM_SECONDS`` set others (far longer, so that a
+takeover at once is told from one after they lapse whatever the machine's load).
 
 ``hold``: adds turns 1-5 to the session ``"kept"`` and one turn to ``"busy"``;
 its sink call for the first batch never returns. Prints ``{"op": "holding"}``
@@ -12,12 +15,13 @@ once that call has started, then waits to be killed.
 ``"busy"`` (printing how long the add took after the engine opened) unless
 ``--no-add``; then (unless ``--add-only``) it prints every batch its sink receives, with the seconds
 since the engine opened, until the sink has seen turn 5 of ``"kept"`` (or 60
-s passed), and exits.
+s passed, or ``MEMENGINE_TEST_WAIT_SECONDS``), and exits.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -25,7 +29,14 @@ import anyio
 
 from memengine import Episode, SessionConfig, open_engine
 
-CONFIG = SessionConfig(retain_every=2, passivate_after=None)
+CONFIG = SessionConfig(
+    retain_every=2,
+    passivate_after=None,
+    lease_ttl=float(os.environ.get("MEMENGINE_TEST_LEASE_TTL", "10")),
+    lease_wait=float(os.environ.get("MEMENGINE_TEST_LEASE_WAIT", "12")),
+    retain_claim_seconds=float(os.environ.get("MEMENGINE_TEST_CLAIM_SECONDS", "60")),
+)
+WAIT_SECONDS = float(os.environ.get("MEMENGINE_TEST_WAIT_SECONDS", "60"))
 
 
 def emit(**record: object) -> None:
@@ -82,7 +93,7 @@ async def serve_next(store: str, add: bool) -> None:
             emit(op="added", seq=episode.seq, seconds=now - opened_at[0], monotonic=now)
         if "--add-only" in sys.argv:
             return
-        with anyio.move_on_after(60):
+        with anyio.move_on_after(WAIT_SECONDS):
             await sink.done.wait()
     emit(op="exited")
 

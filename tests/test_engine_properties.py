@@ -112,6 +112,10 @@ class SiblingFailed(Exception):
 
 
 GUARD = 60  # seconds: leaving the engine never takes this long unless it hangs
+# Seconds a condition the engine works toward (a summary stored, the outbox drained, an episode shown) may
+# take before the step fails. A deadline, not a pace: generous, since delivering the 2,000 batches of an add
+# of thousands took 6.4 s on a loaded 2-core machine; under trio's MockClock it is virtual time.
+PATIENCE = 120
 # Seconds (real time) any one step, or the teardown, may take before the test fails as hung, listing the
 # event loop's tasks. Generous: an add of thousands of episodes under load takes a while.
 STEP_GUARD = 300
@@ -209,12 +213,28 @@ class EngineMachine(RuleBasedStateMachine):
                 self.summarizer.failures = 0
                 self.sink.failures = 0
                 self._close_engine()
+                self._deliver_what_the_exit_left()
                 self._check_deliveries(final=True)
         finally:
             try:
                 self.portal.close()  # bounded: tasks still running are listed, cancelled, and fail the test
             finally:
                 self.directory.cleanup()
+
+    def _deliver_what_the_exit_left(self) -> None:
+        """Reopen the engine until the outbox is drained: what a clean exit left there is pending, not lost.
+
+        Leaving the engine delivers for ``retain_grace`` seconds at most, and what is
+        left waits in the outbox for the next start: how much is left depends on the
+        machine's speed (of an add of thousands, 2 to 340 of some 2,000 batches went
+        within the grace on a loaded machine), so the final check waits for the next
+        start to deliver the rest rather than expecting the exit to.
+        """
+        if not self._query("SELECT 1 FROM retain_outbox LIMIT 1"):
+            return
+        self._open()
+        self.deliveries_settle()
+        self._close_engine()
 
     @rule()
     def restart(self) -> None:
@@ -322,7 +342,7 @@ class EngineMachine(RuleBasedStateMachine):
             # summary (an episode over the window's low-water mark is evicted with the rest, and may be
             # summarized before the next read). Every 50 ms: under trio each sleep costs the clock's 0.1 s
             # autojump threshold of real time, so 1 ms polls made a 30 s deadline most of an hour.
-            with anyio.fail_after(30):
+            with anyio.fail_after(PATIENCE):
                 while episode.content not in _shown(await handle.context()):  # noqa: ASYNC110
                     await anyio.sleep(0.05)
 
@@ -371,7 +391,7 @@ class EngineMachine(RuleBasedStateMachine):
         assert context.evicted_through == context.summarized_through
 
     async def _wait_for_summary(self, handle) -> object:
-        with anyio.fail_after(30):
+        with anyio.fail_after(PATIENCE):
             return await context_once_summarized(handle)  # told of failed rounds; asks again
 
     @rule(session=st.sampled_from(SESSIONS), indexes=st.lists(INDEX, max_size=3))
@@ -486,7 +506,7 @@ class EngineMachine(RuleBasedStateMachine):
         """Wait until the outbox is empty: every batch and forget recorded so far has reached the sink."""
 
         async def drained() -> None:
-            with anyio.fail_after(30):
+            with anyio.fail_after(PATIENCE):
                 while (await self.engine.store.outbox_state()).depth:  # noqa: ASYNC110 - the delivery actor empties it
                     await anyio.sleep(0.005)
 
@@ -680,12 +700,26 @@ class TestEngineOnAsyncio(EngineMachine.TestCase):
     settings = PROPERTY_SETTINGS
 
 
+# Ten times the examples, with --soak (.ci/run runs them after the default run).
+SOAK_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=10 * PROPERTY_SETTINGS.max_examples)
+
+
+@pytest.mark.soak
+class TestEngineOnAsyncioSoak(EngineMachine.TestCase):
+    settings = SOAK_SETTINGS
+
+
 class TrioEngineMachine(EngineMachine):
     backend = "trio"
 
 
 class TestEngineOnTrio(TrioEngineMachine.TestCase):
     settings = PROPERTY_SETTINGS
+
+
+@pytest.mark.soak
+class TestEngineOnTrioSoak(TrioEngineMachine.TestCase):
+    settings = SOAK_SETTINGS
 
 
 @pytest.mark.parametrize("machine", [EngineMachine, TrioEngineMachine], ids=["asyncio", "trio"])

@@ -29,6 +29,7 @@ import pytest
 from memengine import open_engine
 
 from .forget_worker import CONFIG, DELETED, OWNER, SESSION, call_record, episodes, outbox_emptied
+from .processes import communicate
 
 pytestmark = pytest.mark.anyio
 
@@ -63,7 +64,7 @@ def run_child_until_killed(store: str, side_file: Path, backend: str, after: int
         time.sleep(delay)
     finally:
         child.send_signal(signal.SIGKILL)
-        out, _ = child.communicate(timeout=30)
+        out, _ = communicate(child, 30)  # what readline() buffered too
     return printed + [line for line in out.splitlines() if line]
 
 

@@ -524,16 +524,23 @@ def test_a_replica_waiting_behind_a_held_lease_row_lock_still_exits_in_bounded_t
 
 # -- 4. chaos: replicas paused and their connections killed at random, with a retain sink ---------------------
 
-CHAOS_SECONDS = 20.0
+#: Seconds the hammer goes on after the faults end, for every replica to recover and acknowledge adds again
+#: (a pause lasts up to 3 s; a loaded machine needs more than the 3 s this once was).
+CALM_SECONDS = 12.0
 
 
-def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(store_url: str) -> None:
-    """Three replicas hammer 12 shared sessions for 20 s with a retain sink, while the test, at random,
+@pytest.mark.parametrize(
+    "fault_seconds", [pytest.param(6.0, id="short"), pytest.param(60.0, id="soak", marks=pytest.mark.soak)]
+)
+def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(
+    store_url: str, fault_seconds: float
+) -> None:
+    """Three replicas hammer 12 shared sessions with a retain sink, while the test, at random,
 
     pauses one of them (SIGSTOP for 0.5-3 s, then SIGCONT), kills it (kill -9)
     and starts it again under the same name, or, on PostgreSQL, kills its
-    server connections (``pg_terminate_backend``). The last
-    3 s or more are fault-free. Afterwards (and after a fresh replica drained the
+    server connections (``pg_terminate_backend``), for ``fault_seconds`` (6 s;
+    60 s with ``--soak``). The last CALM_SECONDS are fault-free. Afterwards (and after a fresh replica drained the
     retain outbox):
 
     - every replica acknowledged adds again after the last fault (it
@@ -575,12 +582,13 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
         live[name] = FaultWorker(url, backends[name], name, "hammer", seconds, **env)
         workers.append(live[name])
 
+    hammer_seconds = fault_seconds + CALM_SECONDS
     try:
         started = time.monotonic()
         for name in names:
-            start(name, CHAOS_SECONDS)
-        # No fault starts in the last 6 s of the first replica's hammer (a pause lasts up to 3 s): 3 s or more without.
-        deadline = started + CHAOS_SECONDS - 6
+            start(name, hammer_seconds)
+        # No fault starts in the last CALM_SECONDS of the first replicas' hammer (a pause then lasts up to 3 s).
+        deadline = started + fault_seconds
         while time.monotonic() < deadline:
             name = rng.choice(names)
             victim, roll = live[name], rng.random()
@@ -599,7 +607,7 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
                     for r in printed
                     if r["op"] == "lease" and r["event"] == "taken" and (r["session"], r["token"]) not in ended
                 )
-                start(name, max(5.0, started + CHAOS_SECONDS - time.monotonic()))
+                start(name, max(CALM_SECONDS, started + hammer_seconds - time.monotonic()))
                 faults.append(f"killed -9 and restarted {name}")
             elif not postgres or roll < 0.6:
                 pause = rng.uniform(0.5, 3.0)
@@ -617,7 +625,7 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
         drainer = FaultWorker(pg_url, "trio", "drainer", **env)
         workers.append(drainer)
         rows = StoreRows(pg_url)
-        drain_deadline = time.monotonic() + 30
+        drain_deadline = time.monotonic() + 120  # a deadline, not a pace: generous
         while rows.query("SELECT count(*) FROM retain_outbox")[0][0] and time.monotonic() < drain_deadline:
             time.sleep(0.2)
         left = rows.query("SELECT count(*) FROM retain_outbox")[0][0]
@@ -634,7 +642,7 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
     for r in everything:
         if r["op"] == "refused":  # (an add in doubt is refused too)
             refusals[r["error"]] += 1
-    assert len(acks) > 100, (len(acks), dict(refusals), fault_log)
+    assert len(acks) > 30, (len(acks), dict(refusals), fault_log)  # the hammer ran (its pace is the machine's)
 
     stored = stored_episodes(pg_url)
     problems: list[str] = []

@@ -27,6 +27,7 @@ import pytest
 
 from .conftest import StoreRows
 from .fakes import covered as covered_by_fold
+from .processes import communicate
 from .replica_worker import tagged_by, untagged
 
 
@@ -88,7 +89,7 @@ class Worker:
 
     def finish(self, timeout: float = 60) -> list[dict[str, Any]]:
         """Let the process end on its own (after ``exit`` or its hammer time); return everything it printed."""
-        out, err = self.process.communicate(timeout=timeout)
+        out, err = communicate(self.process, timeout)  # what readline() buffered too
         self.records.extend(json.loads(line) for line in out.splitlines())
         assert self.process.returncode == 0, f"{self.name} failed ({self.process.returncode}): {err[-3000:]}"
         assert self.records[-1]["op"] == "exited", err[-3000:]
@@ -362,7 +363,7 @@ def test_deletes_and_clears_from_either_replica_reach_the_sink_once_in_order(sto
     calls = sorted((r for r in records if r["op"] in ("retained", "forgot")), key=lambda r: r["at"])
     assert [
         ("retain", [seq for seq, _ in r["episodes"]]) if r["op"] == "retained" else ("forget", r["seqs"]) for r in calls
-    ] == [("retain", list(range(1, 11))), ("forget", [2, 5, 7]), ("forget", None)]
+    ] == [("retain", list(range(1, 11))), ("forget", [2, 5, 7]), ("forget", None)], "\n".join(map(str, records))
     assert len({r["key"] for r in calls}) == 3
 
 

@@ -1,0 +1,52 @@
+"""Reading the rest of a child process's output after reading some of it line by line.
+
+``Popen.communicate()`` reads the pipes' file descriptors directly, not through
+``process.stdout``: lines a ``readline()`` has already pulled into the text
+wrapper's buffer are never returned. A line printed right after the one a test
+waited for (a sink call logged just after an answer) then went missing or not,
+depending on whether both came in one read: the timing between the processes
+decided. :func:`communicate` reads through the same file objects instead.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from typing import IO
+
+
+class _Rest:
+    """Everything left in one stream, read to its end by a thread of its own."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self.text: str | None = None if stream is None else ""
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        if stream is not None:
+            self.thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        try:
+            self.text = stream.read()
+        finally:
+            stream.close()
+
+
+def communicate(process: subprocess.Popen[str], timeout: float | None = None) -> tuple[str, str]:
+    """``process.communicate(timeout)``, keeping what earlier reads of ``process.stdout`` left buffered.
+
+    Raises :class:`subprocess.TimeoutExpired` as ``communicate`` does; calling it
+    again (after a kill, say) goes on where the first call stopped.
+    """
+    rests: list[_Rest] | None = getattr(process, "_memengine_rests", None)
+    if rests is None:
+        rests = [_Rest(process.stdout), _Rest(process.stderr)]
+        process._memengine_rests = rests  # type: ignore[attr-defined]
+    process.wait(timeout)
+    for rest in rests:
+        if rest.text is None:
+            continue  # not a pipe
+        rest.thread.join(timeout)
+        if rest.thread.is_alive():  # a grandchild still holds the pipe open
+            raise subprocess.TimeoutExpired(process.args, timeout or 0)
+    out, err = (rest.text for rest in rests)
+    return out or "", err or ""
