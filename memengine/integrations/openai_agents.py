@@ -41,7 +41,8 @@ Threads and event loops
 The SDK runs on asyncio only, so this adapter is asyncio-only; the engine
 itself may run on asyncio or trio. Without ``portal``, every call must come
 from the event loop that runs the engine (``Runner.run`` and
-``Runner.run_streamed`` inside ``async with open_engine(...)``).
+``Runner.run_streamed`` inside ``async with open_engine(...)``); a call from
+any other raises :class:`memengine.ForeignLoopError` at once, naming ``portal=``.
 ``Runner.run_sync`` runs the agent on an event loop of its own, which cannot
 be the engine's (the engine's loop must be running all along, ``run_sync``'s
 is not); run the engine in a portal instead
