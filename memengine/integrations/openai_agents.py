@@ -35,6 +35,27 @@ both kept. An item without an id (the user's input, usually; a tool's output),
 or with the placeholder id, gets a fresh episode id: retrying ``add_items``
 may store it again, exactly as with the SDK's own stores.
 
+What is refused, where the SDK's own sessions differ
+====================================================
+
+``add_items`` stores nothing of a call it refuses. An item that JSON cannot
+encode (an object, bytes, a set) raises ``TypeError``, as it does from the
+SDK's ``SQLiteSession`` and ``SQLAlchemySession``. The SDK's sessions store
+some things without a word that this session refuses, deliberately:
+
+- ``NaN`` and infinities (``ValueError``): they are not JSON. The SDK writes
+  them as the bare tokens ``NaN``/``Infinity``, which PostgreSQL's ``jsonb``
+  cannot hold (memengine accepts the same input on both stores) and which
+  strict JSON parsers refuse, a model provider's API among them when the
+  item is sent on the next turn: the error would come later, far from its cause.
+- An item that is not a dict (``TypeError``), and a dict passed as the list
+  of items (the SDK stores each of its keys as an item): every
+  ``TResponseInputItem`` is a dict, and the next ``Runner.run`` would fail
+  on what was stored.
+- An empty or blank ``session_id`` (``ValueError``, from
+  :meth:`memengine.Engine.session`): an id left empty by mistake (an unset
+  user id) would put every such user in one shared conversation.
+
 Threads and event loops
 =======================
 
@@ -156,8 +177,10 @@ class MemEngineSession:
     async def add_items(self, items: list[Any]) -> None:
         """Store the items at the end of the session, in order; return when they are committed.
 
-        Every item must be JSON (dicts with str keys, lists, str, numbers, bool
-        and None), as the SDK's items are. A retried call stores no item with
+        Every item must be a dict of JSON (dicts, lists, str, finite numbers,
+        bool and None), as the SDK's items are: ``TypeError`` for what JSON
+        cannot encode or an item that is not a dict, ``ValueError`` for NaN or
+        an infinity (see the module docstring). A retried call stores no item with
         an ``id`` twice (see the module docstring). A rejected argument stores
         nothing.
         """
@@ -197,7 +220,9 @@ class MemEngineSession:
             raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
         try:
             encoded = json.dumps(item, allow_nan=False, ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
+        except TypeError as exc:  # a value JSON has no type for: TypeError, as from the SDK's own sessions
+            raise TypeError(f"a session item must be JSON: {exc}") from None
+        except ValueError as exc:  # NaN or an infinity (which the SDK's sessions would store), or a cycle
             raise ValueError(f"a session item must be JSON: {exc}") from None
         exact = json.loads(encoded)
         links = tool_links({"item": exact})
