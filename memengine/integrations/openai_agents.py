@@ -23,17 +23,22 @@ written with memengine's own keys (:data:`memengine.tool_calls.CALLS_KEY`,
 :data:`~memengine.tool_calls.RESULT_OF_KEY`), so the window evicts a call and
 its output together.
 
-Episode ids, and retries
-========================
+Every item added is stored, as by the SDK's own sessions
+========================================================
 
-An item with an ``id`` (every item the Responses API returns has one) is
-stored under an episode id made of that id and a digest of the whole item: an
-``add_items`` retried after a timeout stores nothing twice, while two
-different items that share an id (models behind the Chat Completions API all
-report the SDK's placeholder ``__fake_id__``; test models repeat theirs) are
-both kept. An item without an id (the user's input, usually; a tool's output),
-or with the placeholder id, gets a fresh episode id: retrying ``add_items``
-may store it again, exactly as with the SDK's own stores.
+Each ``add_items`` stores every item it is given, as a new episode (with an
+episode id of its own), whatever the item's ``id``: an item added again in a
+later call is stored again, as the SDK's ``SQLiteSession`` and
+``SQLAlchemySession`` store it. Ids do not tell a repeated item from a new
+one: models behind the Chat Completions API all report the SDK's placeholder
+``__fake_id__``, and test models repeat theirs (the SDK's
+``agents.testing.ScriptedModel`` gives every message ``"scripted-message"``),
+so a model that answers ``"OK"`` twice gives two equal items, and the
+conversation has both. The same holds for a retry: an ``add_items`` retried
+after it timed out may store its items twice, exactly as with the SDK's
+stores (a cancelled ``add_items`` is still carried out: see
+:class:`MemEngineSession`). To add idempotently, use the engine's own
+:meth:`memengine.Session.add`, which stores an episode id once.
 
 What is refused, where the SDK's own sessions differ
 ====================================================
@@ -74,7 +79,6 @@ to the engine's thread, from whichever thread or loop it is made.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -88,7 +92,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .. import rendering
 from ..episode import Episode
-from ..limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS
+from ..limits import MAX_ROLE_CHARS
 from ..rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY
 from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
 
@@ -108,9 +112,6 @@ FAKE_ITEM_ID = "__fake_id__"
 #: How the summary message that ``get_items()`` puts first begins.
 SUMMARY_PREFIX = rendering.SUMMARY_PREFIX
 
-_ID_PREFIX = "openai-agents:"
-# Room left in an episode id for the digest and separators; a longer item id is digested whole.
-_MAX_ITEM_ID_BYTES = MAX_EPISODE_ID_BYTES - 128
 
 T = TypeVar("T")
 
@@ -180,9 +181,9 @@ class MemEngineSession:
         Every item must be a dict of JSON (dicts, lists, str, finite numbers,
         bool and None), as the SDK's items are: ``TypeError`` for what JSON
         cannot encode or an item that is not a dict, ``ValueError`` for NaN or
-        an infinity (see the module docstring). A retried call stores no item with
-        an ``id`` twice (see the module docstring). A rejected argument stores
-        nothing.
+        an infinity (see the module docstring). Every item is stored, even
+        one added before, as by the SDK's own sessions (see the module
+        docstring). A rejected argument stores nothing.
         """
         if isinstance(items, Mapping) or isinstance(items, str | bytes):
             raise TypeError(f"add_items() takes a list of items, not {type(items).__name__}")
@@ -242,11 +243,7 @@ class MemEngineSession:
         else:
             metadata[ITEM_IN_CONTENT_KEY] = True
             content = encoded
-        # Keys sorted for the digest, so that a retry that builds its dicts in another order is the same item.
-        episode_id = _episode_id(exact, json.dumps(exact, ensure_ascii=False, sort_keys=True))
-        if episode_id is None:
-            return Episode(role, content, metadata=metadata)
-        return Episode(role, content, id=episode_id, metadata=metadata)
+        return Episode(role, content, metadata=metadata)
 
     async def _call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._portal is not None:
@@ -307,13 +304,3 @@ def _text_of(value: object) -> str:
                     parts.append(text)
         return "\n".join(parts)
     return ""
-
-
-def _episode_id(item: dict[str, Any], encoded: str) -> str | None:
-    item_id = item.get("id")
-    if not isinstance(item_id, str) or not item_id.strip() or item_id == FAKE_ITEM_ID:
-        return None
-    digest = hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    if len(item_id.encode("utf-8", "surrogatepass")) > _MAX_ITEM_ID_BYTES or "\x00" in item_id:
-        item_id = hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{_ID_PREFIX}{item_id}:{digest}"

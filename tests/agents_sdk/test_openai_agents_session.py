@@ -112,17 +112,36 @@ async def test_an_item_too_large_for_metadata_is_kept_whole_and_still_paired(tmp
     assert stored[0].metadata[CALLS_KEY] == ["call_9"]
 
 
-async def test_a_retried_add_stores_items_with_ids_once_and_items_without_ids_again(tmp_path: Path) -> None:
-    with_ids = [ITEMS[2], ITEMS[3], ITEMS[6]]
-    without_id = {"role": "user", "content": "hello"}
+async def test_items_added_again_in_a_later_call_are_stored_again_as_the_sdk_sessions_do(tmp_path: Path) -> None:
+    # The SDK's sessions store what each add_items is given; so does this one, items with ids included.
+    turn = [ITEMS[2], ITEMS[3], ITEMS[6], {"role": "user", "content": "hello"}]
+    sdk_session = SQLiteSession("s", tmp_path / "sdk.db")
+    await sdk_session.add_items(turn)
+    await sdk_session.add_items(turn)
+    sdk_items = await sdk_session.get_items()
+    sdk_session.close()
     async with open_engine(tmp_path / "m.db", config=BIG) as engine:
         session = MemEngineSession(engine, "s")
-        await session.add_items([*with_ids, without_id])
-        reordered = [dict(reversed(item.items())) for item in with_ids]  # the same items, built in another order
-        await session.add_items([*reordered, without_id])  # the retry after a timeout
+        await session.add_items(turn)
+        await session.add_items(turn)
         stored = await session.get_items()
-    assert stored == [*with_ids, without_id, without_id]
-    assert [list(item) for item in stored[:3]] == [list(item) for item in with_ids]  # keys in their order
+    assert stored == sdk_items == turn + turn
+    assert [list(item) for item in stored[:4]] == [list(item) for item in turn]  # keys in their order
+
+
+async def test_a_model_that_answers_twice_the_same_has_both_answers_in_the_history(tmp_path: Path) -> None:
+    # The SDK's own test model gives every message the id "scripted-message": two same answers, one id.
+    model = ScriptedModel()
+    agent = Agent(name="assistant", model=model)
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        for _ in range(2):
+            model.enqueue([assistant_message("OK")])
+            await Runner.run(agent, "Say OK", session=session)
+        model.enqueue([assistant_message("done")])
+        await Runner.run(agent, "Anything else?", session=session)
+    sent = [item.get("role") for item in model.calls[-1].input]
+    assert sent == ["user", "assistant", "user", "assistant", "user"]
 
 
 async def test_different_items_that_share_an_id_are_all_kept(tmp_path: Path) -> None:
