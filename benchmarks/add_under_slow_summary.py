@@ -22,9 +22,14 @@ one session, 2 s per summarizer call)::
 
     .venv/bin/python benchmarks/add_under_slow_summary.py -n 8 -m 1 --readers 2 -l 2 -k 250 --no-baseline
 
+With ``--message-chars C``, each message is C characters of the bundled sample
+conversation (a different passage each) instead of a short sentence; the
+issue's mixed workload uses 1,400 (``-c 1400``). ``--max-tokens`` sets
+``SessionConfig.max_tokens`` on memengine's side.
+
 Run: ``.venv/bin/python benchmarks/add_under_slow_summary.py [--writers N]
-[--sessions M] [--latency L] [--adds K] [--readers R] [--no-baseline]
-[--backend asyncio|trio]``.
+[--sessions M] [--latency L] [--adds K] [--readers R] [--message-chars C]
+[--max-tokens T] [--no-baseline] [--backend asyncio|trio]``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import anyio.abc
 import attrs
 
 from memengine import Episode, SessionConfig, open_engine
+from memengine.cli.conversation import load_sample_conversation
 
 
 class SlowSummarizer:
@@ -81,8 +87,17 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[index]
 
 
-def writer_episodes(writer: int, adds: int) -> list[Episode]:
-    return [Episode("user", f"writer {writer} says message number {i}.") for i in range(adds)]
+def writer_episodes(writer: int, adds: int, chars: int = 0) -> list[Episode]:
+    """The writer's messages: a short sentence each, or ``chars`` characters of the sample conversation."""
+    if not chars:
+        return [Episode("user", f"writer {writer} says message number {i}.") for i in range(adds)]
+    prose = " ".join(turn.content for turn in load_sample_conversation())
+    episodes = []
+    for i in range(adds):
+        start = (writer * 7919 + i * 1543) % (len(prose) - chars)  # a different passage for each message
+        head = f"writer {writer}, message {i}: "
+        episodes.append(Episode("user", head + prose[start : start + chars - len(head)]))
+    return episodes
 
 
 async def run_writers(
@@ -92,6 +107,7 @@ async def run_writers(
     add: Callable[[int, Episode], Awaitable[object]],
     readers: int = 0,
     read: Callable[[int], Awaitable[object]] | None = None,
+    chars: int = 0,
 ) -> tuple[list[float], float, list[float]]:
     """Run every writer concurrently; writer ``w`` writes to session ``w % sessions``.
 
@@ -101,7 +117,7 @@ async def run_writers(
     """
     latencies: list[float] = []
     read_latencies: list[float] = []
-    batches = [writer_episodes(w, adds) for w in range(writers)]
+    batches = [writer_episodes(w, adds, chars) for w in range(writers)]
     writing = True
 
     async def read_loop(r: int) -> None:
@@ -134,7 +150,7 @@ async def run_writers(
 
 async def run_memengine(args: argparse.Namespace, directory: Path) -> RunResult:
     summarizer = SlowSummarizer(args.latency)
-    config = SessionConfig(max_episodes=args.max_episodes)
+    config = SessionConfig(max_episodes=args.max_episodes, max_tokens=args.max_tokens)
     async with open_engine(directory / "memengine.db", summarizer=summarizer, config=config) as engine:
         handles = [engine.session(f"session-{m}") for m in range(args.sessions)]
 
@@ -146,7 +162,7 @@ async def run_memengine(args: argparse.Namespace, directory: Path) -> RunResult:
 
         started = time.perf_counter()
         latencies, add_seconds, read_latencies = await run_writers(
-            args.writers, args.sessions, args.adds, add, args.readers, read
+            args.writers, args.sessions, args.adds, add, args.readers, read, args.message_chars
         )
         for handle in handles:
             await handle.context(wait_for_summary=True)
@@ -267,7 +283,7 @@ async def run_baseline(args: argparse.Namespace, directory: Path) -> RunResult:
 
             started = time.perf_counter()
             latencies, add_seconds, read_latencies = await run_writers(
-                args.writers, args.sessions, args.adds, add, args.readers, read
+                args.writers, args.sessions, args.adds, add, args.readers, read, args.message_chars
             )
         drain_seconds = time.perf_counter() - started
     finally:
@@ -293,6 +309,8 @@ def report(args: argparse.Namespace, memengine: RunResult, baseline: RunResult |
         f"add under a slow summarizer: {args.writers} writers x {args.adds} adds over {args.sessions} sessions "
         f"({total} adds), summarizer {args.latency * 1000:.0f} ms/call, max_episodes={args.max_episodes}, "
         f"backend={args.backend}"
+        + (f", {args.message_chars}-character messages" if args.message_chars else "")
+        + (f", max_tokens={args.max_tokens}" if args.max_tokens else "")
         + (f", {args.readers} readers looping on context()" if args.readers else "")
         + (", no baseline" if baseline is None else "")
     )
@@ -363,10 +381,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "-r", "--readers", type=int, default=0, help="tasks reading context() in a loop while the writers write"
     )
+    parser.add_argument(
+        "-c", "--message-chars", type=int, default=0, help="characters per message (0: a short sentence)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=None, help="SessionConfig.max_tokens (memengine side)")
     parser.add_argument("--no-baseline", action="store_true", help="run memengine only")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     args = parser.parse_args()
-    if min(args.writers, args.sessions, args.adds, args.max_episodes) < 1 or args.latency < 0 or args.readers < 0:
+    if min(args.writers, args.sessions, args.adds, args.max_episodes) < 1 or min(args.latency, args.readers) < 0:
         parser.error("counts must be at least 1 (readers at least 0) and the latency non-negative")
     return args
 

@@ -22,18 +22,32 @@ once, so adds evict and summaries are written while the writers go on; it is
 reported beside the same adds without eviction and the raw rates, all on the
 same 200-character rows (default 200 adds per session).
 
+With ``--evicting --retry-ab``, each round also runs the evicting engine with
+the summarizer's retries done two other ways, so that their cost on the happy
+path is measured side by side with what the engine does (memengine/retrying.py:
+a first try made directly, tenacity only after a failure):
+
+* ``hand-rolled``: the loop of our own the engine used before (fb319d2), no
+  tenacity at all;
+* ``tenacity-every-call``: a tenacity ``AsyncRetrying`` built for every call,
+  as before that (the cost the fast path avoids);
+* ``engine's-again``: the engine's own, run in another slot of the round, so
+  that what the order of the steps alone does to a ratio is seen.
+
 Run: ``.venv/bin/python benchmarks/throughput.py [--sessions S] [--adds A]
-[--rounds R] [--backend asyncio|trio] [--default-config | --evicting] [--profile]``.
+[--rounds R] [--backend asyncio|trio] [--default-config | --evicting [--retry-ab]] [--profile]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import gc
 import io
 import json
 import pstats
+import random
 import sqlite3
 import statistics
 import tempfile
@@ -44,8 +58,12 @@ from typing import Any
 
 import anyio
 import attrs
+import tenacity
 
+import memengine.retrying
+import memengine.summarizer.actor
 from memengine import Episode, SessionConfig, open_engine
+from memengine.retrying import wait_jittered_exponential
 
 Row = tuple[str, int, str, str, str, str, str]
 
@@ -82,6 +100,7 @@ class EngineRound:
     latencies: list[list[float]]  # per session, in add order, seconds
     summarizer_calls: int = 0
     summarized_episodes: int = 0
+    cpu_seconds: float = 0.0  # the process's CPU time (all threads) over the adds: less noisy on a busy machine
 
 
 def session_id(index: int) -> str:
@@ -201,16 +220,16 @@ async def engine_round(
                 await handle.add((episode,))
                 record.append(time.perf_counter() - before)
 
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         async with anyio.create_task_group() as tasks:
             for s in range(len(episodes)):
                 tasks.start_soon(write, s)
-        seconds = time.perf_counter() - started
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     # seconds ends when the last add returned; summaries may still be running then (closing waits for them).
     total = sum(len(batch) for batch in episodes)
     calls = summarizer.calls if summarizer is not None else 0
     summarized = summarizer.episodes if summarizer is not None else 0
-    return EngineRound(total / seconds, seconds, activation_seconds, latencies, calls, summarized)
+    return EngineRound(total / seconds, seconds, activation_seconds, latencies, calls, summarized, cpu_seconds)
 
 
 def run_engine_round(
@@ -221,6 +240,85 @@ def run_engine_round(
     summarizer: InstantSummarizer | None = None,
 ) -> EngineRound:
     return anyio.run(engine_round, path, episodes, config, summarizer, backend=args.backend)
+
+
+# -- the summarizer's retries, three ways (--retry-ab) ---------------------------------------------
+
+
+_OLD_JITTER = random.Random()
+
+
+async def hand_rolled_retries(call, attempts, backoff, backoff_max, before_sleep):  # type: ignore[no-untyped-def]
+    """The engine's own loop before retries went back to tenacity (fb319d2), as it was."""
+    attempt = 1
+    while True:
+        try:
+            return await call(), attempt
+        except Exception as error:
+            if attempt >= attempts:
+                raise
+            seconds = _OLD_JITTER.uniform(0, min(backoff_max, backoff * 2.0 ** min(attempt - 1, 64)))
+            before_sleep(attempt, error, seconds)
+        await anyio.sleep(seconds)
+        attempt += 1
+
+
+async def tenacity_every_call(call, attempts, backoff, backoff_max, before_sleep):  # type: ignore[no-untyped-def]
+    """A tenacity ``AsyncRetrying`` built and run for every call (what the engine did before fb319d2)."""
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=wait_jittered_exponential(multiplier=backoff, max=backoff_max),
+        retry=tenacity.retry_if_exception_type(Exception),
+        sleep=anyio.sleep,
+        before_sleep=lambda state: before_sleep(state.attempt_number, state.outcome.exception(), 0.0),
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            result = await call()
+    return result, attempt.retry_state.attempt_number
+
+
+RETRY_VARIANTS = {
+    "hand-rolled": hand_rolled_retries,
+    "tenacity-every-call": tenacity_every_call,
+    # The engine's own again, in another slot of the round: what the order alone does to a ratio.
+    "engine's-again": memengine.retrying.with_retries,
+}
+
+
+async def _answer() -> str:
+    return "summary"
+
+
+async def _time_wrapper(wrapper, calls: int) -> float:  # type: ignore[no-untyped-def]
+    """Microseconds per ``wrapper(call)`` around a call that answers at once (no failure, no sleep)."""
+    started = time.perf_counter()
+    for _ in range(calls):
+        await wrapper(_answer, 3, 0.5, 30.0, lambda *failure: None)
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def wrapper_costs(args: argparse.Namespace, repeats: int = 15, calls: int = 5000) -> dict[str, list[float]]:
+    """Per-call cost of each way of retrying, alone, interleaved ``repeats`` times (order rotated each time)."""
+    wrappers = {"engine's": memengine.summarizer.actor.with_retries, **RETRY_VARIANTS}
+    costs: dict[str, list[float]] = {name: [] for name in wrappers}
+    names = list(wrappers)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            gc.collect()
+            costs[name].append(anyio.run(_time_wrapper, wrappers[name], calls, backend=args.backend))
+    return costs
+
+
+def run_with_retries(variant: str, run):  # type: ignore[no-untyped-def]
+    """``run()`` with the summarizer actor's ``with_retries`` replaced by ``variant`` (restored after)."""
+    engine_own = memengine.summarizer.actor.with_retries
+    memengine.summarizer.actor.with_retries = RETRY_VARIANTS[variant]  # type: ignore[assignment]
+    try:
+        return run()
+    finally:
+        memengine.summarizer.actor.with_retries = engine_own
 
 
 # -- the benchmark -------------------------------------------------------------
@@ -272,10 +370,12 @@ def main(args: argparse.Namespace) -> None:
     batched: list[float] = []
     engine: list[EngineRound] = []
     evicting: list[EngineRound] = []
+    variants: dict[str, list[EngineRound]] = {name: [] for name in RETRY_VARIANTS} if args.retry_ab else {}
     with tempfile.TemporaryDirectory(prefix="memengine-bench-") as name:
         directory = Path(name)
         for round_number in range(args.rounds):
             order = ["single", "single-indexed", "batched", "engine"] + (["evicting"] if args.evicting else [])
+            order += list(variants)
             if round_number % 2:
                 order.reverse()  # alternate, so neither side always runs on a warmer (or busier) machine
             for step in order:
@@ -289,6 +389,15 @@ def main(args: argparse.Namespace) -> None:
                     batched.append(raw_batched(path, rows, args.raw_id_index))
                 elif step == "evicting":
                     evicting.append(run_engine_round(args, path, episodes, evicting_config(), InstantSummarizer()))
+                elif step in variants:
+                    variants[step].append(
+                        run_with_retries(
+                            step,
+                            functools.partial(
+                                run_engine_round, args, path, episodes, evicting_config(), InstantSummarizer()
+                            ),
+                        )
+                    )
                 else:
                     engine.append(run_engine_round(args, path, episodes, config))
             print(
@@ -304,11 +413,22 @@ def main(args: argparse.Namespace) -> None:
                     f"evicting/no eviction {evicting[-1].adds_per_second / engine[-1].adds_per_second:.2f}   "
                     f"summarizer calls {evicting[-1].summarizer_calls}"
                 )
+            for name, rounds in variants.items():
+                print(
+                    f"         evicting, retries {name:<19} {rounds[-1].adds_per_second:>8.0f} adds/s   "
+                    f"engine's/{name} {evicting[-1].adds_per_second / rounds[-1].adds_per_second:.3f}"
+                )
         if args.profile:
             profile_engine(args, directory, episodes)
     report(args, engine, single, single_indexed, batched)
     if args.evicting:
         report_evicting(args, evicting, engine, single)
+    if variants:
+        report_retry_ab(args, evicting, variants)
+        costs = wrapper_costs(args)
+        print("the retry wrapper alone, around a call that answers at once (median of 15 interleaved runs of 5,000)")
+        for name, microseconds in costs.items():
+            print(f"  {name:<54}{statistics.median(microseconds):>10.2f} us per call")
 
 
 def report(
@@ -379,6 +499,34 @@ def report_evicting(
     )
 
 
+def report_retry_ab(
+    args: argparse.Namespace, evicting: list[EngineRound], variants: dict[str, list[EngineRound]]
+) -> None:
+    engine_rates = [r.adds_per_second for r in evicting]
+    engine_cpu = [r.cpu_seconds for r in evicting]
+    print(f"summarizer retries on the happy path (evicting rounds), median over {args.rounds} rounds")
+    print(
+        f"  engine's (first try direct, tenacity after a failure) {statistics.median(engine_rates):>10.0f} adds/s"
+        f"   {statistics.median(engine_cpu):.2f} CPU s"
+    )
+    for name, rounds in variants.items():
+        rates = [r.adds_per_second for r in rounds]
+        ratios = [e / v for e, v in zip(engine_rates, rates, strict=True)]
+        cpu_ratios = [v.cpu_seconds / e for e, v in zip(engine_cpu, rounds, strict=True)]
+        print(
+            f"  {name:<54}{statistics.median(rates):>10.0f} adds/s   "
+            f"{statistics.median(r.cpu_seconds for r in rounds):.2f} CPU s"
+        )
+        print(
+            f"    rate, engine's/{name}: median {statistics.median(ratios):.3f} "
+            f"(per round {' '.join(f'{r:.2f}' for r in ratios)})"
+        )
+        print(
+            f"    CPU per add, {name}/engine's: median {statistics.median(cpu_ratios):.3f} "
+            f"(per round {' '.join(f'{r:.2f}' for r in cpu_ratios)})"
+        )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-s", "--sessions", type=int, default=100, help="concurrent sessions, one writer each (S)")
@@ -403,10 +551,18 @@ def parse_args() -> argparse.Namespace:
         help=f"200-character episodes, and also run memengine with max_episodes={EVICTING_MAX_EPISODES} "
         "and an instant summarizer in every round",
     )
+    parser.add_argument(
+        "--retry-ab",
+        action="store_true",
+        help="with --evicting: also run the evicting engine with the summarizer's retries hand-rolled and with "
+        "tenacity built on every call, and report the engine's rate over each",
+    )
     parser.add_argument("--profile", action="store_true", help="afterwards, cProfile one extra memengine round")
     args = parser.parse_args()
     if args.evicting and args.default_config:
         parser.error("--evicting and --default-config do not go together")
+    if args.retry_ab and not args.evicting:
+        parser.error("--retry-ab needs --evicting")
     if args.adds is None:
         args.adds = 200 if args.evicting else 300
     if min(args.sessions, args.adds, args.rounds) < 1:

@@ -64,7 +64,11 @@ class SessionConfig:
     evicted together (see :mod:`memengine.tool_calls`). ``tokenizer`` counts
     an episode's tokens (any ``str -> int``; default
     :func:`memengine.tokens.estimate_tokens`, offline); each episode is counted
-    once, and ``Context.tokens`` reports what a read returns.
+    once, when added or loaded, and ``Context.tokens`` reports what a read
+    returns. A content of 16,384 characters or more is counted in a worker
+    thread, so the tokenizer must be safe to call from any thread (tiktoken's
+    is); images and other base64 parts are not given to it (see
+    :mod:`memengine.attachments`).
     ``retain_every`` is the batch size of the hand-off to long-term memory.
     ``passivate_after`` is how long (seconds) an idle session stays in memory;
     ``None`` keeps it until the engine closes. The ``summarize_*`` settings

@@ -12,6 +12,10 @@ from typing import Any
 import attrs
 
 from .limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS, require_text, require_utf8
+from .tool_calls import tool_links
+
+# Where an episode's metadata may hold the provider's own message or item.
+_MESSAGE_KEYS = ("message", "item", "raw")
 
 
 def _new_id() -> str:
@@ -38,7 +42,30 @@ def _check_role(instance: Episode, attribute: attrs.Attribute[str], value: objec
 
 def _check_content(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
     # Its length is bounded by SessionConfig.max_content_chars, checked by add().
+    if value is None or (isinstance(value, str) and not value.strip()):
+        # An assistant message that is only a tool call has no text: providers send content null.
+        if _carries_message(instance.metadata):
+            if value is None:
+                object.__setattr__(instance, "content", "")  # (validators run once every field is set)
+            else:
+                require_utf8("Episode.content", value)
+            return
+        if value is not None:
+            raise ValueError(f"Episode.content must be a non-empty string{_EMPTY_CONTENT}")
     require_text("Episode.content", value)
+
+
+_EMPTY_CONTENT = (
+    " (it may be empty or None only when the metadata carries the message: tool calls or results, "
+    "or a provider message or item under 'message', 'item' or 'raw')"
+)
+
+
+def _carries_message(metadata: dict[str, Any]) -> bool:
+    """Whether the metadata holds what the episode says: tool calls or results, or a provider message."""
+    if any(isinstance(metadata.get(key), dict) for key in _MESSAGE_KEYS):
+        return True
+    return bool(tool_links(metadata))
 
 
 def _check_id(instance: Episode, attribute: attrs.Attribute[str], value: object) -> None:
@@ -110,6 +137,10 @@ class Episode:
 
     ``role`` and ``content`` must be non-blank strings of valid Unicode
     without NUL; ``role`` is at most ``MAX_ROLE_CHARS`` (256) characters.
+    ``content`` may be empty (``""``, or ``None``, stored as ``""``) when the
+    metadata carries the message: an assistant message that is only tool
+    calls (providers send ``content: null``), a tool result, or a provider
+    message or item under ``"message"``, ``"item"`` or ``"raw"``.
     ``id`` (the same rules, at most ``MAX_EPISODE_ID_BYTES``, 1,024 bytes of
     UTF-8) identifies the episode within its session: adding an episode whose
     id the session already holds stores nothing new. ``seq`` is ``None`` until

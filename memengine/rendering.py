@@ -5,8 +5,22 @@
 request prefix: the summary as the system-level text the provider expects
 (first ``system`` message for OpenAI, the top-level ``system`` parameter for
 Anthropic), then the episodes in order, every tool result right after the
-call it answers (the window never separates them; see
-:mod:`memengine.tool_calls`). Append the new user turn and send.
+call it answers. Append the new user turn and send.
+
+Tool calls and results, whatever edits the session saw:
+
+- a result answers the nearest earlier call with its id that is still
+  unanswered, so ids reused from turn to turn (``call_0`` every turn) pair
+  each result with its own call;
+- a result stored after other turns (a late result) is rendered right after
+  its call, before those turns;
+- a call with no result (its result was deleted, or has not arrived) is left
+  out as soon as another turn follows it: providers refuse a call followed by
+  anything but its result. While it is the last turn it is kept, since its
+  result may still come: a rendering may then end with calls, and the next
+  message you append must be their results;
+- a result without its call (deleted, summarized, or a second result of one
+  call) is left out.
 
 An episode is read by the first shape its metadata holds:
 
@@ -15,6 +29,15 @@ An episode is read by the first shape its metadata holds:
 - a provider message under ``"message"``: OpenAI Chat Completions
   (``tool_calls``, a ``role: "tool"`` answer) or Anthropic (content blocks
   ``tool_use`` / ``tool_result``);
+- a message or item that makes or answers a tool call, under ``"raw"`` or at
+  the top level of the metadata itself (as the README shows:
+  ``metadata={"role": "assistant", "tool_calls": [call]}``). At the top level
+  only the fields of a message or item are read (the application's own keys
+  stay out of the request), and a message without ``content`` takes the
+  episode's;
+- a message or item that carries tool calls or results is read by its own
+  shape whichever of these keys holds it (a Chat message under ``"item"``, a
+  Responses item under ``"message"``);
 - else its ``role`` and ``content``, with the tool call ids of
   :data:`~memengine.tool_calls.CALLS_KEY` / :data:`~memengine.tool_calls.RESULT_OF_KEY`
   if it has them (a call known by its id only is rendered as a call of a tool
@@ -23,8 +46,9 @@ An episode is read by the first shape its metadata holds:
 An episode already in the target provider's shape is passed on as it is;
 otherwise it is converted: its text, its tool calls (name and arguments) and
 its tool results (as text). What a provider cannot express (reasoning items,
-images for another provider, server-side tools) is left out, and a tool
-result is never rendered without its call. Roles other than ``user``,
+images for another provider, server-side tools) is left out. An episode
+split by the rules above (a late result moved, a call left out) is converted
+even for its own provider. Roles other than ``user``,
 ``assistant``, ``system`` and ``developer`` become ``user`` for OpenAI; for
 Anthropic, ``system`` and ``developer`` episodes join the ``system`` text,
 after the summary.
@@ -32,7 +56,6 @@ after the summary.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -75,6 +98,30 @@ AGENTS_ITEM_KEY = "openai_agents.item"
 AGENTS_ITEM_IN_CONTENT_KEY = "openai_agents.item_in_content"
 
 _OPENAI_ROLES = frozenset({"user", "assistant", "system", "developer"})
+# The fields of a Chat Completions (or Anthropic) message, read from the top level of an episode's metadata.
+_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "refusal", "audio", "function_call")
+# The fields of the Responses items that make or answer tool calls (the same, for the top level).
+_ITEM_FIELDS = (
+    "type",
+    "id",
+    "call_id",
+    "name",
+    "arguments",
+    "input",
+    "output",
+    "status",
+    "action",
+    "operation",
+    "caller",
+    "namespace",
+    "pending_safety_checks",
+    "acknowledged_safety_checks",
+    "server_label",
+    "approval_request_id",
+    "approve",
+    "reason",
+)
+_NESTED_KEYS = ("item", "message", "raw")
 _ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"})
 
 
@@ -109,29 +156,17 @@ class _Shape:
     parts: tuple[_Part, ...]
 
 
-def _passed_through(shape: _Shape, kind: str, called: set[str]) -> dict[str, Any] | None:
-    """A copy of the episode's own item if it is already in ``kind``'s shape and answers only known calls.
-
-    Its calls are then known (``called``); ``None`` means it is rendered from its parts.
-    """
-    if shape.kind != kind or shape.native is None or not _answers_known(shape, called):
-        return None
-    called.update(part.call_id for part in shape.parts if isinstance(part, _Call))
-    return copy.deepcopy(shape.native)
-
-
 def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
     """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes."""
     messages: list[dict[str, Any]] = []
     if context.summary is not None:
         messages.append({"role": "system", "content": SUMMARY_PREFIX + context.summary})
-    called: set[str] = set()
-    for shape in _shapes(context.episodes):
-        native = _passed_through(shape, "chat", called)
+    for piece in _plan(context.episodes):
+        native = piece.native("chat")
         if native is not None:
-            messages.append(native)
+            _append_chat(messages, native)
             continue
-        for part in shape.parts:
+        for part in piece.parts:
             if isinstance(part, _Text):
                 if part.text:
                     role = part.role if part.role in _OPENAI_ROLES else "user"
@@ -142,15 +177,35 @@ def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {"name": part.name, "arguments": part.arguments},
                 }
-                last = messages[-1] if messages else None
-                if last is not None and last.get("role") == "assistant":
-                    last.setdefault("tool_calls", []).append(tool_call)
-                else:
-                    messages.append({"role": "assistant", "content": None, "tool_calls": [tool_call]})
-                called.add(part.call_id)
-            elif part.call_id in called:
+                _append_chat(
+                    messages, {"role": "assistant", "content": None, "tool_calls": [tool_call]}, converted=True
+                )
+            else:
                 messages.append({"role": "tool", "tool_call_id": part.call_id, "content": part.output})
     return messages
+
+
+def _append_chat(messages: list[dict[str, Any]], message: dict[str, Any], *, converted: bool = False) -> None:
+    """The calls of one turn go in one assistant message: a message with ``tool_calls`` must be answered next.
+
+    A converted call joins the assistant message before it (its text, or its
+    calls); a provider's own message only joins the calls before it.
+    """
+    last = messages[-1] if messages else None
+    calls = message.get("tool_calls")
+    if (
+        not calls
+        or message.get("role") != "assistant"
+        or last is None
+        or last.get("role") != "assistant"
+        or not (converted or last.get("tool_calls"))
+    ):
+        messages.append(message)
+        return
+    last.setdefault("tool_calls", []).extend(calls)
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        last["content"] = f"{last['content']}\n{text}" if isinstance(last.get("content"), str) else text
 
 
 def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
@@ -158,13 +213,12 @@ def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     if context.summary is not None:
         items.append({"role": "system", "content": SUMMARY_PREFIX + context.summary})
-    called: set[str] = set()
-    for shape in _shapes(context.episodes):
-        native = _passed_through(shape, "responses", called)
+    for piece in _plan(context.episodes):
+        native = piece.native("responses")
         if native is not None:
             items.append(native)
             continue
-        for part in shape.parts:
+        for part in piece.parts:
             if isinstance(part, _Text):
                 if part.text:
                     role = part.role if part.role in _OPENAI_ROLES else "user"
@@ -173,8 +227,7 @@ def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
                 items.append(
                     {"type": "function_call", "call_id": part.call_id, "name": part.name, "arguments": part.arguments}
                 )
-                called.add(part.call_id)
-            elif part.call_id in called:
+            else:
                 items.append({"type": "function_call_output", "call_id": part.call_id, "output": part.output})
     return items
 
@@ -192,7 +245,6 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
     if context.summary is not None:
         system.append(SUMMARY_PREFIX + context.summary)
     messages: list[dict[str, Any]] = []
-    called: set[str] = set()
 
     def append(role: str, blocks: list[dict[str, Any]]) -> None:
         if not blocks:
@@ -204,14 +256,14 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
         else:
             messages.append({"role": role, "content": blocks})
 
-    for shape in _shapes(context.episodes):
-        native = _passed_through(shape, "anthropic", called)
+    for piece in _plan(context.episodes):
+        native = piece.native("anthropic")
         if native is not None:
             content = native.get("content")
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
             append(native["role"], blocks)
             continue
-        for part in shape.parts:
+        for part in piece.parts:
             if isinstance(part, _Text):
                 if not part.text.strip():
                     continue
@@ -223,13 +275,118 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
                 append(
                     "assistant", [{"type": "tool_use", "id": part.call_id, "name": part.name, "input": _input(part)}]
                 )
-                called.add(part.call_id)
-            elif part.call_id in called:
+            else:
                 append("user", [{"type": "tool_result", "tool_use_id": part.call_id, "content": part.output}])
     request: dict[str, Any] = {"messages": messages}
     if system:
         request["system"] = "\n\n".join(system)
     return request
+
+
+@attrs.define
+class _Piece:
+    """What the plan renders at one point: some parts of one episode (``whole``: all of them)."""
+
+    shape: _Shape
+    parts: list[_Part]
+    whole: bool
+
+    def native(self, kind: str) -> dict[str, Any] | None:
+        """A copy of the episode's own message or item, if it is in ``kind``'s shape and rendered whole."""
+        if self.whole and self.shape.kind == kind and self.shape.native is not None:
+            return json_copy(self.shape.native)
+        return None
+
+
+def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
+    """The episodes' parts in the order a provider accepts, each result right after its call.
+
+    Results are paired with calls by position: a result answers the nearest
+    earlier call with its id that no result answered yet (ids may be reused,
+    ``call_0`` every turn); a result that finds none (its call is gone, or was
+    answered already) is left out. An *exchange* is a run of calls (one
+    episode's, or consecutive call-only episodes') and then their results;
+    the next turn (text, or calls after results) closes it. Results that come
+    later than that turn (late results) are moved up to close the exchange, so
+    they follow their call. A call no result answers is left out once a turn
+    closes its exchange: providers refuse a call followed by anything but its
+    result. The calls of the last exchange are kept: their results may still come.
+    """
+    shapes = [_shape(episode) for episode in episodes]
+    call_of: dict[tuple[int, int], tuple[int, int]] = {}  # result (episode, part) -> the call it answers
+    result_of: dict[tuple[int, int], tuple[int, int]] = {}  # and back
+    open_calls: dict[str, list[tuple[int, int]]] = {}
+    for index, shape in enumerate(shapes):
+        for number, part in enumerate(shape.parts):
+            if isinstance(part, _Result) and (waiting := open_calls.get(part.call_id)):
+                call = waiting.pop()
+                call_of[index, number] = call
+                result_of[call] = (index, number)
+        for number, part in enumerate(shape.parts):
+            if isinstance(part, _Call):
+                open_calls.setdefault(part.call_id, []).append((index, number))
+
+    plan: list[_Piece] = []
+    pieces_of_call: dict[tuple[int, int], _Piece] = {}
+    exchange: list[tuple[int, int]] = []  # calls of the open exchange
+    answering = False  # whether results of the open exchange were rendered yet
+    done: set[tuple[int, int]] = set()  # results rendered already (moved up)
+
+    def render(index: int, numbers: list[int]) -> _Piece:
+        shape = shapes[index]
+        piece = _Piece(shape, [shape.parts[n] for n in numbers], len(numbers) == len(shape.parts))
+        plan.append(piece)
+        for number in numbers:
+            if isinstance(shape.parts[number], _Call):
+                pieces_of_call[index, number] = piece
+            done.add((index, number))
+        return piece
+
+    def close(upto: int) -> None:
+        """End the open exchange before episode ``upto``: its later results now, its unanswered calls left out."""
+        later: dict[int, list[int]] = {}
+        for call in exchange:
+            result = result_of.get(call)
+            if result is None:
+                piece = pieces_of_call[call]
+                piece.parts.remove(shapes[call[0]].parts[call[1]])
+                piece.whole = False
+            elif result not in done and result[0] >= upto:
+                later.setdefault(result[0], []).append(result[1])
+        for index in sorted(later):
+            render(index, sorted(later[index]))
+
+    for index, shape in enumerate(shapes):
+        parts = shape.parts
+        if not parts:
+            render(index, [])  # an item only its own provider reads (reasoning, ...): it changes no exchange
+            continue
+        results = [n for n, part in enumerate(parts) if isinstance(part, _Result) and (index, n) not in done]
+        ours = [n for n in results if call_of.get((index, n)) in exchange]
+        calls = [n for n, part in enumerate(parts) if isinstance(part, _Call)]
+        texts = any(isinstance(part, _Text) and part.text.strip() for part in parts)
+        if not calls and not texts:
+            if ours:
+                render(index, ours)
+                answering = True
+            elif not _results_in(parts):
+                render(index, list(range(len(parts))))  # blank text: its own provider gets it as it is
+            continue  # (results of no open exchange: their call is gone, or was answered)
+        if calls and not results and not texts and not answering and exchange and not _reuses(shapes, exchange, parts):
+            render(index, list(range(len(parts))))  # more calls of the same turn (parallel calls, one item each)
+            exchange.extend((index, n) for n in calls)
+            continue
+        pending = [result_of[call] for call in exchange if call in result_of and result_of[call] not in done]
+        if ours and len(ours) == len(results) == len(_results_in(parts)) and all(r[0] == index for r in pending):
+            # It answers the open exchange in place, and no later result is owed: rendered whole.
+            render(index, list(range(len(parts))))
+        close(index)
+        rest = [n for n in range(len(parts)) if (index, n) not in done and not isinstance(parts[n], _Result)]
+        if rest:
+            render(index, rest)
+        exchange = [(index, n) for n in calls]
+        answering = False
+    return plan
 
 
 def _has_non_result(message: dict[str, Any]) -> bool:
@@ -244,9 +401,23 @@ def _input(call: _Call) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def _answers_known(shape: _Shape, called: set[str]) -> bool:
-    """A native message may be passed on as it is only if every result in it answers a call already sent."""
-    return all(part.call_id in called for part in shape.parts if isinstance(part, _Result))
+def _reuses(shapes: list[_Shape], exchange: list[tuple[int, int]], parts: tuple[_Part, ...]) -> bool:
+    """Whether ``parts`` call an id the open exchange calls already (one message cannot hold it twice)."""
+    open_ids = {shapes[index].parts[number].call_id for index, number in exchange}  # type: ignore[union-attr]
+    return any(isinstance(part, _Call) and part.call_id in open_ids for part in parts)
+
+
+def json_copy(value: Any) -> Any:
+    """A copy of JSON data (dicts, lists, scalars) sharing nothing mutable: 3x faster than ``copy.deepcopy``."""
+    if isinstance(value, dict):
+        return {key: json_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_copy(item) for item in value]
+    return value
+
+
+def _results_in(parts: tuple[_Part, ...]) -> list[int]:
+    return [number for number, part in enumerate(parts) if isinstance(part, _Result)]
 
 
 def _shapes(episodes: tuple[Episode, ...]) -> list[_Shape]:
@@ -258,17 +429,73 @@ def _shape(episode: Episode) -> _Shape:
     item = _responses_item(episode)
     if item is not None:
         return _Shape("responses", item, tuple(_responses_parts(item)))
-    message = metadata.get("message")
-    if isinstance(message, dict) and isinstance(message.get("role"), str):
-        if _is_anthropic(message):
-            return _Shape("anthropic", message, tuple(_anthropic_parts(message)))
-        return _Shape("chat", message, tuple(_chat_parts(message)))
+    for key in _NESTED_KEYS:
+        nested = metadata.get(key)
+        if isinstance(nested, dict):
+            shape = _native_shape(nested) or _nested_message(nested, key)
+            if shape is not None:
+                return shape
+    shape = _native_shape(_top_level(episode))
+    if shape is not None:
+        return shape
     parts: list[_Part] = [_Text(episode.role, episode.content)]
     links = tool_links(metadata)
     if links.results:
         parts = [_Result(call_id, episode.content) for call_id in links.results]
     parts.extend(_Call(call_id, "tool", "{}") for call_id in links.calls)
     return _Shape("plain", None, tuple(parts))
+
+
+def _message_shape(message: dict[str, Any]) -> _Shape:
+    if _is_anthropic(message):
+        return _Shape("anthropic", message, tuple(_anthropic_parts(message)))
+    return _Shape("chat", message, tuple(_chat_parts(message)))
+
+
+def _nested_message(nested: dict[str, Any], key: str) -> _Shape | None:
+    """A message or item without tool calls, under ``"item"`` (a Responses item) or ``"message"``."""
+    if key == "item" and (isinstance(nested.get("type"), str) or isinstance(nested.get("role"), str)):
+        return _Shape("responses", nested, tuple(_responses_parts(nested)))
+    if key == "message" and isinstance(nested.get("role"), str):
+        return _message_shape(nested)
+    return None
+
+
+def _native_shape(candidate: dict[str, Any]) -> _Shape | None:
+    """A provider message or item that carries tool calls or results, by its own shape, else ``None``.
+
+    Wherever it sits: a Chat message (``tool_calls``, ``tool_call_id``) is
+    read as one even under ``"item"``, a Responses item (a ``type``) even
+    under ``"message"``. At the top level of the metadata and under ``"raw"``,
+    whose other keys may be anything, only a message or item that links a
+    tool call is read as native, so ordinary metadata stays plain.
+    """
+    if not tool_links(candidate):
+        return None
+    if "tool_calls" in candidate or "tool_call_id" in candidate:
+        return _Shape("chat", candidate, tuple(_chat_parts(candidate))) if "role" in candidate else None
+    if isinstance(candidate.get("role"), str) and "type" not in candidate:
+        return _message_shape(candidate)
+    if isinstance(candidate.get("type"), str):
+        return _Shape("responses", candidate, tuple(_responses_parts(candidate)))
+    return None
+
+
+def _top_level(episode: Episode) -> dict[str, Any]:
+    """The metadata as a provider message or item: memengine's own keys left out.
+
+    A chat message keeps only the fields of a message (``role``, ``content``,
+    ``tool_calls``, ...) and, when it has no ``content``, takes the episode's;
+    an item, only the fields of a tool call's or result's item: the metadata
+    may hold the application's own keys too, which a provider would refuse.
+    """
+    metadata = episode.metadata
+    if isinstance(metadata.get("role"), str) and "type" not in metadata:
+        message = {key: metadata[key] for key in _MESSAGE_FIELDS if key in metadata}
+        if "content" not in message:
+            message["content"] = episode.content or None
+        return message
+    return {key: metadata[key] for key in _ITEM_FIELDS if key in metadata}
 
 
 def _responses_item(episode: Episode) -> dict[str, Any] | None:
@@ -279,8 +506,6 @@ def _responses_item(episode: Episode) -> dict[str, Any] | None:
             item = json.loads(episode.content)
         except ValueError:
             item = None
-    if item is None:
-        item = metadata.get("item")
     if isinstance(item, dict) and (isinstance(item.get("type"), str) or isinstance(item.get("role"), str)):
         return item
     return None

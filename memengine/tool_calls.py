@@ -4,11 +4,13 @@ A provider refuses a conversation in which a tool result appears without the
 tool call it answers (OpenAI answers 400; Anthropic likewise refuses a
 ``tool_result`` whose ``tool_use`` is not in the request). So the raw window
 never separates them. The rule the window applies: **a tool call and all its
-results are evicted together.** Episodes that share a call id (the episode
-that makes the call, and every episode that answers it) form one group; the
-window evicts a group only as a whole, so it never holds a result whose call
-it has dropped. A link whose other side never arrives is harmless: a call that
-no episode answers is simply a group of one.
+results are evicted together.** The episode that makes a call and every
+episode that answers it form one group; the window evicts a group only as a
+whole, so it never holds a result whose call it has dropped. A result answers
+the nearest earlier call with its id that no result answered yet (ids may be
+reused from turn to turn, ``call_0`` every turn), else the newest call with
+its id (a second result). A link whose other side never arrives is harmless:
+a call that no episode answers is simply a group of one.
 
 :func:`tool_links` reads those links from an episode's metadata. It never
 raises, whatever JSON the metadata holds: a value of the wrong shape (an id

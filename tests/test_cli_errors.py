@@ -245,7 +245,8 @@ def test_inspect_json_prints_a_session_in_full(long_store: Path) -> None:
     shown = json.loads(result.stdout)
     assert shown["session_id"] == "s"
     assert shown["summary"] is None
-    ((episode),) = shown["episodes"]
+    assert shown["episode_count"] == 1 and "stored_episodes" not in shown  # the count, named as in the listing
+    ((episode),) = shown["episodes"]  # "episodes" is always a list of episodes
     assert (episode["seq"], episode["id"], episode["role"], episode["content"]) == (1, "long", "user", LONG.strip())
 
 
@@ -254,7 +255,7 @@ def test_inspect_json_lists_the_sessions(long_store: Path) -> None:
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
-        "sessions": [{"session_id": "s", "generation": 0, "episodes": 1, "summarized_through": 0, "last_seq": 1}],
+        "sessions": [{"session_id": "s", "generation": 0, "episode_count": 1, "summarized_through": 0, "last_seq": 1}],
         "set_aside": [],
     }
 

@@ -64,6 +64,38 @@ def test_export_to_stdout_and_its_usage_errors(filled: str, capsys) -> None:
     assert exited.value.code == 2
 
 
+def test_export_of_a_tenant_in_a_store_whose_ids_have_no_slash_says_the_convention_is_not_followed(
+    store_url: str, tmp_path: Path, capsys
+) -> None:
+    async def fill_without_tenants() -> None:
+        async with open_engine(store_url) as engine:
+            for session_id in ("demo", "demo-2", "user-42"):
+                await engine.session(session_id).add([Episode("user", "hello")])
+
+    anyio.run(fill_without_tenants)
+    out = tmp_path / "demo.jsonl"
+    assert main(["export", store_url, "--tenant", "demo", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "no session id follows the 'tenant/...' convention" in err
+    assert "'demo', 'demo-2', 'user-42'" in err and "--prefix" in err and "--session" in err
+    assert not out.exists() and not (tmp_path / "demo.jsonl.partial").exists()
+    assert main(["export", store_url, "--tenant", "demo"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "convention" in captured.err
+    assert main(["export", store_url, "--session", "demo"]) == 0  # what does match still exports
+
+
+def test_export_of_a_scope_that_matches_no_session_says_so(filled: str, capsys) -> None:
+    assert main(["export", filled, "--tenant", "carol"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "no session of tenant 'carol' (no session id starts with 'carol/')" in captured.err
+    assert main(["export", filled, "--prefix", "zz"]) == 1
+    assert "no session id starts with 'zz'" in capsys.readouterr().err
+    assert main(["export", filled, "--session", "alice"]) == 1
+    assert "no session 'alice'" in capsys.readouterr().err
+
+
 def test_export_of_a_missing_store_creates_nothing(tmp_path: Path, capsys) -> None:
     assert main(["export", str(tmp_path / "none.db"), "--tenant", "a"]) == 3
     assert not (tmp_path / "none.db").exists()

@@ -267,3 +267,153 @@ async def test_every_read_of_a_tool_heavy_session_renders_to_a_valid_request(tmp
         assert ctx.summary is not None
         assert ctx.to_openai_chat()[0] == {"role": "system", "content": SUMMARY_PREFIX + ctx.summary}
         assert_valid_everywhere(ctx)
+
+
+WEATHER_CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Lisbon"}'}}
+
+
+@pytest.mark.parametrize("where", ["top level", "message", "raw"])
+def test_a_chat_message_in_metadata_renders_with_its_real_name_and_arguments(where: str) -> None:
+    # The README's own example: the message at the top level of the metadata.
+    call = {"role": "assistant", "tool_calls": [WEATHER_CALL]}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}
+    if where != "top level":
+        call, result = {where: {**call, "content": "checking the weather"}}, {where: result}
+    ctx = context(
+        Episode("user", "Weather in Lisbon?"),
+        Episode("assistant", "checking the weather", metadata=call),
+        Episode("tool", '{"temp": 21}', metadata=result),
+    )
+    chat = ctx.to_openai_chat()
+    assert chat[1] == {"role": "assistant", "content": "checking the weather", "tool_calls": [WEATHER_CALL]}
+    assert chat[2] == {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}
+    calls = [item for item in ctx.to_openai_responses() if item.get("type") == "function_call"]
+    assert calls == [
+        {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city": "Lisbon"}'}
+    ]
+    uses = [b for m in ctx.to_anthropic()["messages"] for b in m["content"] if b["type"] == "tool_use"]
+    assert uses == [{"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Lisbon"}}]
+    assert_valid_everywhere(ctx)
+
+
+def test_top_level_responses_items_and_anthropic_blocks_render_with_their_real_names() -> None:
+    item = {"type": "function_call", "call_id": "c9", "name": "lookup", "arguments": '{"q": 1}'}
+    output = {"type": "function_call_output", "call_id": "c9", "output": "found"}
+    ctx = context(
+        Episode("user", "find it"),
+        Episode("assistant", "lookup", metadata={**item, "source": "my-agent"}),
+        Episode("tool", "found", metadata=output),
+    )
+    assert ctx.to_openai_responses()[1:] == [item, output]
+    assert ctx.to_openai_chat()[1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"q": 1}'}
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "search", "input": {"q": "x"}}]}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "hit"}]}
+    ctx = context(
+        Episode("user", "search x"),
+        Episode("assistant", "search", metadata=use),
+        Episode("user", "hit", metadata=answer),
+    )
+    assert ctx.to_anthropic()["messages"][1:] == [use, answer]
+    assert ctx.to_openai_chat()[1]["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"q": "x"}'}
+    assert_valid_everywhere(ctx)
+
+
+def chat_call(call_id: str, text: str = "") -> Episode:
+    call = {"id": call_id, "type": "function", "function": {"name": "lookup", "arguments": '{"n": 1}'}}
+    return Episode("assistant", text or f"calling {call_id}", metadata={"role": "assistant", "tool_calls": [call]})
+
+
+def chat_result(call_id: str, output: str = "") -> Episode:
+    output = output or f"result of {call_id}"
+    return Episode("tool", output, metadata={"role": "tool", "tool_call_id": call_id})
+
+
+def rendered_calls(ctx: Context) -> list[str]:
+    return [call["id"] for message in ctx.to_openai_chat() for call in message.get("tool_calls", [])]
+
+
+def test_a_call_whose_result_was_deleted_is_left_out_once_other_turns_follow() -> None:
+    # Its result was deleted (or never came): the call is not shown followed by other turns.
+    ctx = context(
+        Episode("user", "Weather?"),
+        chat_call("c1", "Let me check."),
+        Episode("user", "Never mind."),
+        Episode("assistant", "OK."),
+    )
+    assert rendered_calls(ctx) == []
+    assert ctx.to_openai_chat()[1] == {"role": "assistant", "content": "Let me check."}
+    assert not [item for item in ctx.to_openai_responses() if item.get("type") == "function_call"]
+    assert_valid_everywhere(ctx)
+    # While nothing follows it, the call is the request's last turn: its result is what comes next.
+    waiting = context(Episode("user", "Weather?"), chat_call("c1"))
+    assert rendered_calls(waiting) == ["c1"]
+    assert_valid_everywhere(waiting)
+
+
+def test_a_late_result_is_rendered_right_after_its_call() -> None:
+    ctx = context(
+        Episode("user", "Weather?"),
+        chat_call("c1"),
+        Episode("user", "Hurry up."),
+        chat_result("c1", "sunny"),
+        Episode("assistant", "Sunny."),
+    )
+    chat = ctx.to_openai_chat()
+    assert [m["role"] for m in chat] == ["user", "assistant", "tool", "user", "assistant"]
+    assert chat[2] == {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    anthropic = ctx.to_anthropic()["messages"]
+    assert anthropic[2]["content"][0] == {"type": "tool_result", "tool_use_id": "c1", "content": "sunny"}
+    assert anthropic[2]["content"][1] == {"type": "text", "text": "Hurry up."}
+    responses = ctx.to_openai_responses()
+    assert [item.get("type") for item in responses][2:4] == ["function_call", "function_call_output"]
+    assert_valid_everywhere(ctx)
+
+
+def test_reused_call_ids_pair_with_the_nearest_open_call() -> None:
+    # A model that numbers calls per turn: call_0 every turn.
+    ctx = context(
+        Episode("user", "one"),
+        chat_call("call_0"),
+        chat_result("call_0", "first"),
+        Episode("user", "two"),
+        chat_call("call_0"),  # its result is late
+        Episode("user", "three"),
+        chat_result("call_0", "second"),
+    )
+    chat = ctx.to_openai_chat()
+    assert [(m["role"], m.get("content")) for m in chat if m["role"] in ("tool", "user")] == [
+        ("user", "one"),
+        ("tool", "first"),
+        ("user", "two"),
+        ("tool", "second"),
+        ("user", "three"),
+    ]
+    assert_valid_everywhere(ctx)
+    # The first call_0 lost its result: the second one's result is not taken for it.
+    ctx = context(
+        Episode("user", "one"),
+        chat_call("call_0"),
+        Episode("user", "two"),
+        chat_call("call_0"),
+        chat_result("call_0", "second"),
+    )
+    assert rendered_calls(ctx) == ["call_0"]
+    assert ctx.to_openai_chat()[-2:] == [
+        {"role": "assistant", "content": "calling call_0", "tool_calls": ctx.to_openai_chat()[-2]["tool_calls"]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "second"},
+    ]
+    assert_valid_everywhere(ctx)
+
+
+def test_a_message_renders_by_its_own_shape_whichever_key_holds_it() -> None:
+    chat_message = {"role": "assistant", "content": None, "tool_calls": [WEATHER_CALL]}
+    item = {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city": "Lisbon"}'}
+    for call in ({"item": chat_message}, {"message": item}):
+        ctx = context(
+            Episode("user", "Weather?"),
+            Episode("assistant", None, metadata=call),  # type: ignore[arg-type]
+            chat_result("call_1", "sunny"),
+        )
+        assert ctx.to_openai_chat()[1]["tool_calls"] == [WEATHER_CALL]
+        assert ctx.to_openai_chat()[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+        assert_valid_everywhere(ctx)

@@ -38,9 +38,47 @@ steps = st.lists(
             st.just("append"), st.lists(st.one_of(plain, plain, calling, answering, answering, stray), max_size=5)
         ),
         st.tuples(st.just("summarize"), st.integers(1, 50)),
+        st.tuples(st.just("delete"), st.integers(0, 50)),
     ),
     max_size=40,
 )
+
+
+class Script:
+    """The episodes of a script's steps: call ids new for each call, or drawn from two (``call_0``, ``call_1``)."""
+
+    def __init__(self, *, reused_ids: bool) -> None:
+        self.reused_ids = reused_ids
+        self.seqs = itertools.count(1)
+        self.call_ids = itertools.count(1)
+        self.calls: list[str] = []  # calls made (with reused ids: those not answered yet)
+        self.last_seq = 0
+
+    def episodes(self, step: list[tuple[str, int]]) -> list[Episode]:
+        new = []
+        for kind, size in step:
+            seq = self.last_seq = next(self.seqs)
+            metadata: dict = {}
+            if kind == "call":
+                if self.reused_ids:
+                    made = [f"call_{n}" for n in range(min(size, 2))]
+                else:
+                    made = [f"c{next(self.call_ids)}" for _ in range(size)]
+                self.calls.extend(made)
+                metadata = {CALLS_KEY: made}
+            elif kind == "result" and self.calls:
+                pick = size % len(self.calls)
+                metadata = {RESULT_OF_KEY: self.calls.pop(pick) if self.reused_ids else self.calls[pick]}
+            elif kind == "stray":
+                metadata = {RESULT_OF_KEY: "call_1" if self.reused_ids else f"never-made-{seq}"}
+            new.append(numbered("user", " ".join(["w"] * (size if kind == "plain" else 2)), seq=seq, metadata=metadata))
+        return new
+
+    def delete(self, window: RawWindow, which: int) -> None:
+        """A delete: the session is loaded again without one episode (seqs stay unique: a gap)."""
+        if window.raw:
+            kept = [episode for n, episode in enumerate(window.raw) if n != which % len(window.raw)]
+            window.reset(kept, window.evicted_through or 0, last_seq=self.last_seq)
 
 
 def is_valid_prefix(raw: list[Episode], start: int, *, shown_from: int | None = None) -> bool:
@@ -82,26 +120,10 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
     budget = Budget(max_episodes, max_chars, max_tokens)
     low_water = budget.scaled(evict_to)
     window = RawWindow(budget, evict_to, words)
-    seqs = itertools.count(1)
-    call_ids = itertools.count(1)
-    calls: list[str] = []
+    history = Script(reused_ids=False)
     for step, (action, argument) in enumerate(script):
         if action == "append":
-            new = []
-            for kind, size in argument:
-                seq = next(seqs)
-                metadata: dict = {}
-                if kind == "call":
-                    made = [f"c{next(call_ids)}" for _ in range(size)]
-                    calls.extend(made)
-                    metadata = {CALLS_KEY: made}
-                elif kind == "result" and calls:
-                    metadata = {RESULT_OF_KEY: calls[size % len(calls)]}
-                elif kind == "stray":
-                    metadata = {RESULT_OF_KEY: f"never-made-{seq}"}
-                new.append(
-                    numbered("user", " ".join(["w"] * (size if kind == "plain" else 2)), seq=seq, metadata=metadata)
-                )
+            new = history.episodes(argument)
             before = window.evicted
             window.append(new)
             assert window.evicted >= before  # eviction never goes back
@@ -115,6 +137,8 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
             elif len(new) == 1 and window.evicted > before and not open_call_shown(window.raw, before):
                 # An eviction for a budget goes down to the low-water mark (or further, to keep a group whole).
                 assert low_water.holds(*sizes) or any(tool_links(e.metadata) for e in window.raw[before:])
+        elif action == "delete":
+            history.delete(window, argument)
         elif window.evicted:
             end = window.batch_end(argument, lambda episodes, chars, tokens: chars <= 60)
             assert 1 <= end <= window.evicted
@@ -128,7 +152,7 @@ def test_the_window_keeps_its_rules(max_episodes, max_chars, max_tokens, evict_t
             assert window.tokens == sum(words(e.content) for e in window.raw)
         # A reload from the store (the episodes and the boundary) shows the same window.
         fresh = RawWindow(budget, evict_to, words)
-        fresh.reset(window.raw, window.evicted_through or 0)
+        fresh.reset(window.raw, window.evicted_through or 0, last_seq=history.last_seq)
         assert fresh.evicted == window.evicted
 
 
@@ -197,3 +221,97 @@ def test_a_call_id_used_again_after_a_summary_still_keeps_its_group_whole() -> N
     window.append([numbered("user", "one more", seq=8)])
     assert is_valid_prefix(window.raw, window.evicted)
     assert window.window[0].seq != 7, "a tool result is shown raw without its call"
+
+
+def turn_with_a_tool_call(seq: int, call_id: str) -> list[Episode]:
+    return [
+        numbered("user", f"question {seq}", seq=seq),
+        numbered("assistant", "calling", seq=seq + 1, metadata={CALLS_KEY: [call_id]}),
+        numbered("tool", "result", seq=seq + 2, metadata={RESULT_OF_KEY: call_id}),
+        numbered("assistant", f"answer {seq}", seq=seq + 3),
+    ]
+
+
+def test_call_ids_reused_every_turn_keep_the_window_as_full_as_unique_ids() -> None:
+    """Models that number calls per turn (call_0 every turn): each result pairs with its own turn's call."""
+    sizes = {}
+    for ids in ("reused", "unique"):
+        window = RawWindow(Budget(16, 10**6), 0.5, words)
+        shown = []
+        for turn in range(40):
+            for episode in turn_with_a_tool_call(turn * 4 + 1, "call_0" if ids == "reused" else f"call_{turn}"):
+                window.append([episode])
+                if turn >= 5:
+                    shown.append(len(window.window))
+            if window.evicted:
+                window.drop_through(window.evicted_through)
+            assert is_valid_prefix(window.raw, window.evicted)
+        sizes[ids] = (min(shown), max(shown))
+    assert sizes["reused"] == sizes["unique"]
+    assert sizes["unique"][0] >= 7
+
+
+def test_a_call_whose_result_was_deleted_no_longer_holds_the_window() -> None:
+    # Seqs 1..4 were stored; the result (3) was deleted: the window is loaded again without it.
+    window = RawWindow(Budget(4, 10**6), 0.5, words)
+    window.reset(
+        [
+            numbered("user", "question", seq=1),
+            numbered("assistant", "calling", seq=2, metadata={CALLS_KEY: ["c1"]}),
+            numbered("assistant", "answer", seq=4),
+        ]
+    )
+    for seq in range(5, 20):
+        window.append([numbered("user", f"turn {seq}", seq=seq)])
+        assert len(window.window) <= 4, "the call counts as waiting for its result again"
+    # The newest episode deleted: the session's last seq says so.
+    window = RawWindow(Budget(4, 10**6), 0.5, words)
+    window.reset(
+        [numbered("user", "question", seq=1), numbered("assistant", "calling", seq=2, metadata={CALLS_KEY: ["c1"]})],
+        last_seq=3,
+    )
+    for seq in range(4, 20):
+        window.append([numbered("user", f"turn {seq}", seq=seq)])
+        assert len(window.window) <= 4, "the call counts as waiting for its result again"
+
+
+def pairs_by_position(raw: list[Episode]) -> list[list[int | None]]:
+    """For each episode, the index of the call each of its results answers (the rule the window applies)."""
+    unanswered: dict[str, list[int]] = {}
+    newest: dict[str, int] = {}
+    answered: list[list[int | None]] = []
+    for index, episode in enumerate(raw):
+        links = tool_links(episode.metadata)
+        for call_id in links.calls:
+            unanswered.setdefault(call_id, []).append(index)
+            newest[call_id] = index
+        calls: list[int | None] = []
+        for call_id in links.results:
+            waiting = unanswered.get(call_id)
+            calls.append(waiting.pop() if waiting else newest.get(call_id))
+        answered.append(calls)
+    return answered
+
+
+@settings(max_examples=300, deadline=None)
+@given(max_episodes=st.integers(1, 8), evict_to=st.sampled_from([0.25, 0.5, 1.0]), script=steps)
+def test_reused_call_ids_keep_each_group_whole(max_episodes, evict_to, script) -> None:
+    """Ids drawn from two (call_0, call_1, as models that number calls per turn): groups are paired by position."""
+    window = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
+    history = Script(reused_ids=True)
+    for action, argument in script:
+        if action == "append":
+            window.append(history.episodes(argument))
+        elif action == "delete":
+            history.delete(window, argument)
+        elif window.evicted:
+            end = window.batch_end(argument, lambda episodes, chars, tokens: episodes <= 3)
+            assert all(call is None or call >= end for calls in pairs_by_position(window.raw)[end:] for call in calls)
+            window.drop_through(window.raw[end - 1].seq)
+        start = window.evicted
+        for index, calls in enumerate(pairs_by_position(window.raw)):
+            if index >= start:
+                assert all(call is not None and call >= start for call in calls), "a result shown without its call"
+        fresh = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
+        fresh.reset(window.raw, window.evicted_through or 0, last_seq=history.last_seq)
+        assert fresh.evicted == window.evicted

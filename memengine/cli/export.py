@@ -6,6 +6,11 @@ is exported in bounded memory. With ``-o FILE`` the lines go to FILE.partial,
 renamed to FILE once complete: a failed export leaves no file that looks
 whole. A line per record: ``{"type": "session", ...}`` for each session, then
 ``{"type": "episode", ...}`` for each of its episodes.
+
+A scope that matches no session is a failure (status 1, as an unknown session
+is for ``inspect``), said on stderr, and no file is written. For ``--tenant``
+the message says whether the store's ids follow the ``tenant/...`` convention
+at all: in a store whose ids have no ``/``, no tenant can match.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import TextIO
 import anyio
 
 from ..privacy.export import ExportStream, write_json_lines
-from ..scope import Scope
+from ..scope import TENANT_SEPARATOR, Scope, tenant_prefix
 from ..store.open import open_store
 from ..store.open_errors import redacted
 from . import exit_status
@@ -46,6 +51,39 @@ async def export(db: str, scope: Scope, out: TextIO) -> tuple[int, int]:
         return await write_json_lines(ExportStream(store, scope), out)
 
 
+#: Session ids a "no session matches" message reads at most, looking for one that follows the convention.
+_IDS_LOOKED_AT = 10_000
+_PAGE = 1000
+
+
+async def why_nothing_matched(db: str, options: argparse.Namespace) -> str:
+    """What to tell a user whose scope matched no session; for a tenant, whether any id follows the convention."""
+    if options.session is not None:
+        return f"no session {options.session!r} in {redacted(db)}"
+    if options.prefix is not None:
+        return f"no session id starts with {options.prefix!r} in {redacted(db)}"
+    prefix = tenant_prefix(options.tenant)
+    found = f"no session of tenant {options.tenant!r} (no session id starts with {prefix!r}) in {redacted(db)}"
+    seen: list[str] = []
+    async with open_store(db, read_only=True) as store:
+        while len(seen) < _IDS_LOOKED_AT:
+            page = await store.scope_session_ids(Scope(), seen[-1] if seen else None, _PAGE)
+            if any(TENANT_SEPARATOR in session_id for session_id in page):
+                return found
+            seen += page
+            if len(page) < _PAGE:
+                break
+    if not seen:
+        return f"{found}: the store holds no session"
+    looked = "of its sessions" if len(seen) < _IDS_LOOKED_AT else f"of its first {len(seen):,} sessions (by id)"
+    examples = ", ".join(repr(session_id) for session_id in seen[:3])
+    return (
+        f"{found}: no session id follows the 'tenant/...' convention (none {looked} contains a "
+        f"{TENANT_SEPARATOR!r}; ids such as {examples}); --tenant T matches the sessions 'T/...': "
+        "use --prefix P or --session S for ids of another shape"
+    )
+
+
 def run(options: argparse.Namespace) -> int:
     db: str = options.db
     scope = scope_and_store("export", options)
@@ -64,13 +102,19 @@ def run(options: argparse.Namespace) -> int:
         else:
             with open(partial, "w", encoding="utf-8") as out:
                 written = anyio.run(export, db, scope, out)
-            os.replace(partial, target)  # type: ignore[arg-type]
+            if written[0] == 0:
+                partial.unlink()  # nothing to export: no file that looks like an (empty) export
+            else:
+                os.replace(partial, target)  # type: ignore[arg-type]
+        if written[0] == 0:
+            failure = LookupError(anyio.run(why_nothing_matched, db, options))
     except* EXPECTED_FAILURES as group:
         failure = first_failure(group)
     if failure is not None or written is None:
         if partial is not None:
             partial.unlink(missing_ok=True)
-        return report("export", failure or RuntimeError("nothing was exported"), f"exporting {scope}")
+        doing = "" if isinstance(failure, LookupError) else f"exporting {scope}"
+        return report("export", failure or RuntimeError("nothing was exported"), doing)
     sessions, episodes = written
     where = "stdout" if target is None else str(target)
     print(

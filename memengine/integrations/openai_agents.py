@@ -18,7 +18,9 @@ arguments, a tool's output), which is what the summarizer and
 episode's metadata under :data:`ITEM_KEY`; an item larger than
 ``SessionConfig.max_metadata_bytes`` is kept as JSON in the content instead
 (:data:`ITEM_IN_CONTENT_KEY` says so). Either way ``get_items()`` returns
-what was added, JSON-equal. The tool call ids an item makes or answers are
+what was added, JSON-equal (as fresh copies), by the rules of
+:meth:`~memengine.Context.to_openai_responses` (an output whose call is gone
+is left out, a late output follows its call). The tool call ids an item makes or answers are
 written with memengine's own keys (:data:`memengine.tool_calls.CALLS_KEY`,
 :data:`~memengine.tool_calls.RESULT_OF_KEY`), so the window evicts a call and
 its output together.
@@ -82,6 +84,8 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
 
 try:
     from agents.memory.session_settings import SessionSettings, coerce_session_settings
@@ -156,24 +160,27 @@ class MemEngineSession:
         When the session has a summary (of items that left memengine's window),
         it comes first as one ``{"role": "system", "content": ...}`` message
         beginning with :data:`SUMMARY_PREFIX`; the raw items follow in order,
-        exactly as they were added, never a tool call without its output or an
-        output without its call. ``limit`` (else ``session_settings.limit``)
-        returns only the latest ``limit`` raw items, in order and without the
-        summary, as the SDK documents it; ``0`` returns nothing.
+        exactly as they were added, by the rules of
+        :meth:`~memengine.Context.to_openai_responses`: an output whose call is
+        gone is left out, an output that came late follows its call, and a call
+        whose output never came is left out once other items follow it.
+        ``limit`` (else ``session_settings.limit``) returns only the latest
+        ``limit`` of those raw items, in order and without the summary, as the
+        SDK documents it (the cut may part an output from its call: the SDK
+        drops such an output itself); ``0`` returns nothing. The items are
+        fresh copies: editing them changes nothing the session holds.
         """
         if limit is None:
             limit = self.session_settings.limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
         context = await self._call(self._session.context)
-        if limit is not None:
-            if limit <= 0:
-                return []
-            return [_item_of(episode) for episode in context.episodes[-limit:]]
-        items = [_item_of(episode) for episode in context.episodes]
-        if context.summary is not None:
-            items.insert(0, {"role": "system", "content": SUMMARY_PREFIX + context.summary})
-        return items
+        if limit is None:
+            return rendering.to_openai_responses(context)
+        if limit <= 0:
+            return []
+        # The latest items of what the rules leave; the SDK drops an output the cut parts from its call.
+        return rendering.to_openai_responses(attrs.evolve(context, summary=None))[-limit:]
 
     async def add_items(self, items: list[Any]) -> None:
         """Store the items at the end of the session, in order; return when they are committed.
@@ -261,7 +268,7 @@ class MemEngineSession:
 def _item_of(episode: Episode) -> dict[str, Any]:
     item = episode.metadata.get(ITEM_KEY)
     if isinstance(item, dict):
-        return item
+        return rendering.json_copy(item)
     if episode.metadata.get(ITEM_IN_CONTENT_KEY):
         return json.loads(episode.content)
     # An episode some other writer added to this session: show it as a plain message.

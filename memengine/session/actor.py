@@ -44,6 +44,7 @@ from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
 from ..summarizer.protocol import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry
+from ..tokens import count_large
 from .add_batch import AddBatch
 from .hand_on import HandOn, NotHandled
 from .lease import SessionLease, means_reload
@@ -128,7 +129,6 @@ class SessionActor:
             Budget(config.max_episodes, config.max_chars, config.max_tokens),
             config.evict_to,
             self._count_tokens,
-            eager_tokens=config.max_tokens is not None or config.summarize_input_max_tokens is not None,
         )
         self._summary_results = SummaryResults(
             session_id, services.store, config, self._summary, self._window, self._lease, self._give_up
@@ -171,6 +171,9 @@ class SessionActor:
             except (SessionBusyError, StoreError) as error:
                 stop_error = error  # every message sent meanwhile is told
                 return
+            # Large contents are counted in a worker thread, not on the event loop all sessions share.
+            contents = [episode.content for episode in snapshot.episodes]
+            self._window.expect(await count_large(self._count_tokens, contents))
             async with anyio.create_task_group() as children:
                 children.start_soon(self._child.run)
                 self._apply(snapshot)
@@ -359,6 +362,9 @@ class SessionActor:
         """Submit ``message``, and the adds queued right behind it, as one append (no append is in flight)."""
         # No await here: the adds taken out of the mailbox are owned by the append's completion.
         batch = AddBatch.gather(message, self.mailbox)
+        counted = batch.counted
+        if counted:
+            self._window.expect(counted)  # large contents, counted by their callers off the event loop
         try:
             self._store.submit_append(
                 self.session_id,
@@ -502,7 +508,7 @@ class SessionActor:
         self._summary.adopt(snapshot)
         self._last_seq = snapshot.last_seq
         self._stored_boundary = snapshot.evicted_through
-        self._window.reset(snapshot.episodes, snapshot.evicted_through)
+        self._window.reset(snapshot.episodes, snapshot.evicted_through, snapshot.last_seq)
         self._keep_boundary()
         if self._retain is not None:
             self._retain.adopt(snapshot.retained_through)

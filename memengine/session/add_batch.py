@@ -66,6 +66,13 @@ class AddBatch:
         return cls([first, *mailbox.take_ahead(decide, MAX_LOOK_AHEAD)])  # type: ignore[list-item]
 
     @property
+    def counted(self) -> dict[str, int]:
+        """Token counts of large contents, made by the callers (see ``AddEpisodes.counted``)."""
+        if len(self.messages) == 1:
+            return self.messages[0].counted
+        return {text: tokens for message in self.messages for text, tokens in message.counted.items()}
+
+    @property
     def episodes(self) -> tuple[Episode, ...]:
         if len(self.messages) == 1:
             return self.messages[0].episodes

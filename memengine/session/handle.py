@@ -19,7 +19,9 @@ from ..episode import Episode, encode_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
 from ..limits import require_seq
 from ..telemetry import NO_OPERATION, Telemetry
+from ..tokens import OFF_LOOP_CHARS, count_large
 from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
+from .window import tokenizer_of
 
 T = TypeVar("T")
 
@@ -97,7 +99,27 @@ class Session:
     def _add(self, episodes: Iterable[Episode]) -> Awaitable[tuple[Episode, ...]]:
         """The add's request, its argument checked (a plain function: no coroutine of its own per add)."""
         batch = _checked_batch(_episodes_argument(episodes), self._engine.config)
-        return self._request(AddEpisodes, batch) if batch else self._nothing_to_do(())
+        if not batch:
+            return self._nothing_to_do(())
+        for episode in batch:
+            if len(episode.content) >= OFF_LOOP_CHARS:
+                return self._add_large(batch)
+        return self._request(AddEpisodes, batch)
+
+    async def _add_large(self, batch: tuple[Episode, ...]) -> tuple[Episode, ...]:
+        """An add with a large content: its tokens are counted here, in a worker thread, not by the actor.
+
+        The session's actor counts each episode as it enters the window, on the
+        event loop; for a large content (a long tool output) that could stall
+        every session, so the caller counts it beforehand. If cancelled while
+        counting, nothing was sent.
+        """
+        count = tokenizer_of(self._engine.config, self._id)
+        counted = await count_large(count, [episode.content for episode in batch])
+        result: tuple[Episode, ...] = await self._request(
+            lambda episodes, reply: AddEpisodes(episodes, reply, counted), batch
+        )
+        return result
 
     async def context(self, *, wait_for_summary: bool = False) -> Context:
         """The summary and the raw episodes after it, with no gap and no overlap.

@@ -20,6 +20,8 @@ from ..store.base import Erased
 class AddEpisodes:
     episodes: tuple[Episode, ...]
     reply: Reply[tuple[Episode, ...]]
+    #: Token counts of the large contents, made by the caller off the event loop (tokens.count_large).
+    counted: dict[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen(eq=False)

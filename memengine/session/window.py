@@ -15,15 +15,24 @@ summary. Three rules decide where the window starts:
   call still waiting for a result is not evicted (the result will follow it),
   unless the window has grown past twice a budget meanwhile. A result whose
   call is not in the window (evicted, deleted or never added) is evicted, with
-  everything before it.
+  everything before it. A result answers the nearest earlier call of its id
+  still unanswered (ids may be reused, ``call_0`` every turn), else the
+  newest call of its id (a second result). A call whose result was deleted
+  waits no more: a seq missing after it (seqs are never reused) says that
+  something after it was deleted, and it no longer holds the window.
 - **Boundaries are kept.** Once evicted, an episode stays evicted: the
   boundary is stored (``evicted_through``), and a session loaded again shows
   the window it had.
 
 Each episode's size (characters, tokens) and tool links are computed once,
-when it enters; without a token bound, its tokens are counted only when a
-read first reports them (still once). Appending costs time proportional to what it evicts, not to
-the window or the history.
+when it enters, and kept with it: a read adds up nothing (the total is kept
+as episodes enter and leave), and a reset (a delete, a clear) keeps the counts
+of the episodes it keeps. A content of :data:`~memengine.tokens.OFF_LOOP_CHARS`
+characters or more is counted before it enters, in a worker thread (the add's
+caller counts it, or the activation, see :func:`~memengine.tokens.count_large`):
+:meth:`RawWindow.expect` hands those counts in. Appending costs time
+proportional to what it evicts, not to the window or the history, also while
+a call waits for its result (the oldest waiting call is known without a scan).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
+from ..attachments import counting_attachments, metadata_tokens
 from ..config import SessionConfig
 from ..episode import Episode
 from ..tokens import Tokenizer, checked, estimate_tokens
@@ -49,12 +59,14 @@ _seq_of = operator.attrgetter("seq")
 def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
     """The session's token counter: the configured one, or the offline estimate.
 
-    A configured tokenizer that fails on some text (it was checked when the
+    Either way an image, file or audio part in a content (a base64 data URL)
+    counts as providers count it, not as its base64 text (see
+    :mod:`memengine.attachments`). A configured tokenizer that fails on some text (it was checked when the
     engine opened) does not fail the add, which is stored by then: that text is
     estimated instead, and the failure logged once per session.
     """
     if config.tokenizer is None:
-        return estimate_tokens
+        return counting_attachments(estimate_tokens)
     count = checked(config.tokenizer)
     failed = False
 
@@ -72,7 +84,7 @@ def tokenizer_of(config: SessionConfig, session_id: str) -> Tokenizer:
                 )
             return estimate_tokens(text)
 
-    return tokens
+    return counting_attachments(tokens)
 
 
 @attrs.frozen
@@ -99,61 +111,83 @@ class RawWindow:
     """The live episodes after the summary, split into evicted and windowed."""
 
     __slots__ = (
+        "_answered_from",
         "_base",
         "_budget",
-        "_call_at",
         "_count_tokens",
-        "_counted",
-        "_counted_total",
-        "_eager_tokens",
+        "_doubled",
+        "_expected",
+        "_last_seq",
         "_links",
         "_low_water",
-        "_result_at",
+        "_newest_call",
+        "_raw_tokens",
+        "_reach",
         "_sizes",
-        "_uncounted",
+        "_unanswered",
+        "_waiting",
         "_window_chars",
         "_window_tokens",
         "evicted",
         "raw",
     )
 
-    def __init__(
-        self, budget: Budget, evict_to: float, count_tokens: Tokenizer, *, eager_tokens: bool | None = None
-    ) -> None:
+    def __init__(self, budget: Budget, evict_to: float, count_tokens: Tokenizer) -> None:
         self._budget = budget
-        # Counted as episodes enter only when a bound needs them; else when first read.
-        self._eager_tokens = budget.tokens is not None if eager_tokens is None else eager_tokens
-        self._counted: list[int | None] = []
-        # Their sum, and how many at the end are not counted yet (always a suffix): a read costs
-        # what entered since the last one, not the whole window.
-        self._counted_total = 0
-        self._uncounted = 0
+        self._raw_tokens = 0  # tokens of every raw episode: what a read reports, kept up to date
+        self._expected: dict[str, int] = {}  # counts made before the contents enter (see expect)
         self._low_water = budget.scaled(evict_to)
+        self._doubled = budget.scaled(2)  # past it, a call waiting for its result no longer holds the window
         self._count_tokens = count_tokens
         self.raw: list[Episode] = []
         self.evicted = 0
         self._sizes: list[tuple[int, int]] = []  # (characters, tokens) of each raw episode
         self._links: list[ToolLinks] = []
         self._base = 0  # position of raw[0]; positions never change while an episode is raw
-        self._call_at: dict[str, int] = {}  # call id -> position of the episode making it
-        self._result_at: dict[str, int] = {}  # call id -> position of its (last) result
+        # Tool calls and results, paired by position (ids may be reused: call_0 every turn). A result
+        # answers the newest unanswered call of its id, else (a second result) the newest call of its id.
+        self._unanswered: dict[str, list[int]] = {}  # call id -> positions of its unanswered calls, oldest first
+        self._newest_call: dict[str, int] = {}  # call id -> position of the newest call with it
+        # Positions of episodes with calls waiting for a result, oldest first, and how many calls each:
+        # the oldest one holds the window (found without a scan). A call whose result was deleted waits no more.
+        self._waiting: dict[int, int] = {}
+        self._reach: list[int] = []  # per raw episode: position of the last result of its calls (else its own)
+        self._answered_from: list[int] = []  # per raw episode: oldest call its results answer (-1: a call not raw)
+        self._last_seq: int | None = None
         self._window_chars = 0
         self._window_tokens = 0
 
     # -- changes -------------------------------------------------------------
 
-    def reset(self, episodes: Iterable[Episode], evicted_through: int = 0) -> None:
+    def reset(self, episodes: Iterable[Episode], evicted_through: int = 0, last_seq: int | None = None) -> None:
         """Start over from the live episodes after the summary (activation, clear, delete).
 
         Those up to ``evicted_through`` (the stored boundary) stay evicted;
         then the rules are applied to the rest, as if it had just arrived.
+        ``last_seq`` is the highest seq the session assigned: seqs are never
+        reused, so a seq missing after a call (up to ``last_seq``) is a deleted
+        episode, and a call with no result before such a gap waits no more
+        (its result may be what was deleted): it no longer holds the window.
         """
-        self.raw, self._sizes, self._links, self._counted = [], [], [], []
-        self._counted_total = self._uncounted = 0
-        self._call_at, self._result_at = {}, {}
+        # The episodes kept (a delete, a clear, an activation after passivation in the same process)
+        # keep their counts: an episode is counted once.
+        known = {(episode.seq, episode.id): tokens for episode, (_, tokens) in zip(self.raw, self._sizes, strict=True)}
+        self.raw, self._sizes, self._links = [], [], []
+        self._reach, self._answered_from = [], []
+        self._raw_tokens = 0
+        self._unanswered, self._newest_call, self._waiting = {}, {}, {}
         self._base = self.evicted = self._window_chars = self._window_tokens = 0
+        self._last_seq = None
+        gap_before = 0  # index of the newest episode after a deleted one
         for episode in episodes:
-            self._enter(episode)
+            if self._last_seq is not None and episode.seq is not None and episode.seq > self._last_seq + 1:
+                gap_before = len(self.raw)
+            self._enter(episode, known.get((episode.seq, episode.id)))
+        self._expected.clear()
+        if last_seq is not None and self._last_seq is not None and last_seq > self._last_seq:
+            gap_before = len(self.raw)
+        if gap_before and self._waiting:
+            self._waiting = {position: count for position, count in self._waiting.items() if position >= gap_before}
         kept = 0
         while kept < len(self.raw) and self.raw[kept].seq <= evicted_through:  # type: ignore[operator]
             kept += 1
@@ -168,36 +202,48 @@ class RawWindow:
     def append(self, episodes: Iterable[Episode]) -> None:
         """Add new episodes at the end, one at a time, evicting by the rules above."""
         for episode in episodes:
-            links = self._enter(episode)
+            links = self._enter(episode, None)
             index = len(self.raw) - 1
             must = index + 1 if links.results and self._orphaned(index, self.evicted) else 0
             if not self._fits(self._budget):
+                if not must and self._held_open():
+                    continue  # a call waiting for its result holds the window where it is: nothing to scan
                 self._evict(self._chunk_start(), must)
             elif must:
                 self._evict(must, must)
+        self._expected.clear()
+
+    def expect(self, counts: dict[str, int]) -> None:
+        """Token counts of contents about to enter (by the next append or reset), counted beforehand.
+
+        The next :meth:`append` or :meth:`reset` takes them instead of counting
+        those contents again, then forgets them; so do the next counts expected.
+        """
+        self._expected = counts
 
     def drop_through(self, seq: int) -> int:
         """Forget the episodes now covered by a summary through ``seq``; return how many."""
         raw = self.raw
         covered = bisect.bisect_right(raw, seq, 0, self.evicted, key=_seq_of)  # raw is in seq order
         limit = self._base + covered  # positions below it leave the window's bookkeeping
-        for links in self._links[:covered] if self._call_at or self._result_at else ():
+        for links in self._links[:covered] if self._newest_call else ():
             # An id may be used again by a later episode (ids numbered per turn): only entries
             # pointing at a dropped episode go, so the later call keeps its group whole.
             for call_id in links.calls:
-                if self._call_at.get(call_id, limit) < limit:
-                    del self._call_at[call_id]
-            for call_id in links.results:
-                if self._result_at.get(call_id, limit) < limit:
-                    del self._result_at[call_id]
+                if self._newest_call.get(call_id, limit) < limit:
+                    del self._newest_call[call_id]
+                unanswered = self._unanswered.get(call_id)
+                if unanswered and unanswered[0] < limit:
+                    unanswered[:] = [position for position in unanswered if position >= limit]
+                    if not unanswered:
+                        del self._unanswered[call_id]
+        for position in [position for position in self._waiting if position < limit] if self._waiting else ():
+            del self._waiting[position]
+        del self._reach[:covered]
+        del self._answered_from[:covered]
         del raw[:covered]
+        self._raw_tokens -= sum([tokens for _, tokens in self._sizes[:covered]])
         del self._sizes[:covered]
-        dropped = self._counted[:covered]
-        uncounted = dropped.count(None)
-        self._uncounted -= uncounted
-        if uncounted < covered:
-            self._counted_total -= sum([tokens for tokens in dropped if tokens is not None])
-        del self._counted[:covered]
         del self._links[:covered]
         self._base += covered
         self.evicted -= covered
@@ -222,14 +268,8 @@ class RawWindow:
 
     @property
     def tokens(self) -> int:
-        """Tokens of every raw episode, evicted ones included (each counted once)."""
-        counted = self._counted
-        for index in range(len(counted) - self._uncounted, len(counted)):
-            tokens = self._count_tokens(self.raw[index].content)
-            counted[index] = tokens
-            self._counted_total += tokens
-        self._uncounted = 0
-        return self._counted_total
+        """Tokens of every raw episode, evicted ones included (each counted once, when it entered)."""
+        return self._raw_tokens
 
     def sizes(self, count: int) -> list[tuple[int, int]]:
         """Characters and tokens of ``raw[:count]``."""
@@ -263,27 +303,57 @@ class RawWindow:
 
     # -- internals ------------------------------------------------------------
 
-    def _enter(self, episode: Episode) -> ToolLinks:
-        chars = len(episode.content)
-        tokens = self._count_tokens(episode.content) if self._eager_tokens else 0  # 0: no bound needs it yet
+    def _enter(self, episode: Episode, tokens: int | None) -> ToolLinks:
+        content = episode.content
+        chars = len(content)
+        if tokens is None:
+            expected = self._expected
+            tokens = expected.get(content) if expected else None
+            if tokens is None:
+                tokens = self._count_tokens(content)
+            if episode.metadata:  # an image kept in a provider's message there counts as one
+                tokens += metadata_tokens(episode.metadata)
         links = tool_links(episode.metadata) if episode.metadata else NO_LINKS  # most episodes have none
         position = self._base + len(self.raw)
         self.raw.append(episode)
         self._sizes.append((chars, tokens))
-        if self._eager_tokens:
-            self._counted.append(tokens)
-            self._counted_total += tokens
-        else:
-            self._counted.append(None)
-            self._uncounted += 1
+        self._raw_tokens += tokens
         self._links.append(links)
-        for call_id in links.calls:
-            self._call_at[call_id] = position
-        for call_id in links.results:
-            self._result_at[call_id] = position
+        self._reach.append(position)
+        self._answered_from.append(position)
+        if episode.seq is not None:
+            self._last_seq = episode.seq
+        if links:
+            self._pair(links, position)
         self._window_chars += chars
         self._window_tokens += tokens
         return links
+
+    def _pair(self, links: ToolLinks, position: int) -> None:
+        """Pair the results of the episode at ``position`` with their calls (its own calls first)."""
+        for call_id in links.calls:
+            self._unanswered.setdefault(call_id, []).append(position)
+            self._newest_call[call_id] = position
+            self._waiting[position] = self._waiting.get(position, 0) + 1
+        answered_from = position
+        for call_id in links.results:
+            unanswered = self._unanswered.get(call_id)
+            if unanswered:
+                call = unanswered.pop()
+                if not unanswered:
+                    del self._unanswered[call_id]
+                waiting = self._waiting.get(call)
+                if waiting == 1:
+                    del self._waiting[call]
+                elif waiting:
+                    self._waiting[call] = waiting - 1
+            else:
+                call = self._newest_call.get(call_id, -1)  # a second result of a call, or a result without one
+            answered_from = min(answered_from, call)
+            if call >= 0:
+                index = call - self._base
+                self._reach[index] = max(self._reach[index], position)
+        self._answered_from[-1] = answered_from
 
     def _fits(self, budget: Budget) -> bool:
         return budget.holds(len(self.raw) - self.evicted, self._window_chars, self._window_tokens)
@@ -307,11 +377,7 @@ class RawWindow:
 
     def _orphaned(self, index: int, window_start: int) -> bool:
         """Whether ``raw[index]`` answers a call that is not in the window starting at ``window_start``."""
-        for call_id in self._links[index].results:
-            call = self._call_at.get(call_id)
-            if call is None or call - self._base < window_start:
-                return True
-        return False
+        return self._answered_from[index] - self._base < window_start
 
     def _evict(self, target: int, must: int = 0) -> None:
         """Start the window at ``target`` (for a budget) and at least ``must`` (for a result without its call).
@@ -320,11 +386,14 @@ class RawWindow:
         budget, not past a call still waiting for its result (see the module
         docstring). It never moves backwards.
         """
-        start = self._group_closure(self.evicted, max(target, must))
-        pinned = self._oldest_open_call(self.evicted, start)
-        if pinned is not None and not self._far_over_budget():
+        target = max(target, must)
+        pinned = self._oldest_waiting()
+        if pinned is not None and self._far_over_budget():
+            pinned = None
+        start = target if pinned is not None and pinned < target else self._group_closure(self.evicted, target)
+        if pinned is not None and pinned < start:
             # A call waiting for its result stays (with everything after it): start before its group.
-            start = max(self._safe_cut_at_or_before(pinned), self._group_closure(self.evicted, must))
+            start = max(self._safe_cut_at_or_before(pinned, self.evicted), self._group_closure(self.evicted, must))
         if start <= self.evicted:
             return
         for chars, tokens in self._sizes[self.evicted : start]:
@@ -332,52 +401,70 @@ class RawWindow:
             self._window_tokens -= tokens
         self.evicted = start
 
+    def _held_open(self) -> bool:
+        """Whether a call waiting for its result keeps the window from moving at all (checked before a scan)."""
+        pinned = self._oldest_waiting()
+        return (
+            pinned is not None
+            and self._safe_cut_at_or_before(pinned, self.evicted) <= self.evicted
+            and not self._far_over_budget()
+        )
+
     def _group_closure(self, lower: int, target: int) -> int:
         """The first index at or after ``target`` where no tool group of ``raw[lower:]`` is cut in two."""
-        if not self._call_at:
+        if not self._newest_call:
             return min(target, len(self.raw))  # no tool call in the raw window: no group to keep whole
+        reach, base = self._reach, self._base
         index = lower
         end = target
         while index < end:
-            for call_id in self._links[index].calls:
-                result = self._result_at.get(call_id)
-                if result is not None and result - self._base >= end:
-                    end = result - self._base + 1
+            last = reach[index] - base + 1
+            if last > end:
+                end = last
             index += 1
         return min(end, len(self.raw))
 
-    def _safe_cut_at_or_before(self, cut: int) -> int:
-        """The last index at or before ``cut`` that cuts no tool group in two (0 if none)."""
-        if not self._call_at:
-            return cut  # no tool call in the raw window
-        while cut > 0:
-            crossing = None
-            for index in range(cut):
-                for call_id in self._links[index].calls:
-                    result = self._result_at.get(call_id)
-                    if (result is None and index >= self.evicted) or (
-                        result is not None and result - self._base >= cut
-                    ):
-                        crossing = index if crossing is None else min(crossing, index)
-            if crossing is None:
-                return cut
-            cut = crossing
-        return 0
+    def _safe_cut_at_or_before(self, cut: int, lower: int = 0) -> int:
+        """The last index in ``lower..cut`` where no tool group of ``raw[lower:]`` is cut in two (else ``lower``).
 
-    def _oldest_open_call(self, lower: int, upper: int) -> int | None:
-        """Index of the first episode in ``raw[lower:upper]`` with a call no result answered yet."""
-        if not self._call_at:
-            return None  # no tool call in the raw window
-        for index in range(lower, upper):
-            if any(call_id not in self._result_at for call_id in self._links[index].calls):
-                return index
-        return None
+        A call of the window still waiting for its result reaches past any cut after it.
+        """
+        if not self._newest_call:
+            return cut  # no tool call in the raw window
+        reach, base, waiting, evicted = self._reach, self._base, self._waiting, self.evicted
+        safe = lower
+        furthest = -1  # the last index a group starting before ``index`` reaches
+        for index in range(lower, cut):
+            if furthest < index:
+                safe = index
+            if index >= evicted and index + base in waiting:
+                furthest = cut  # its result will come after any cut
+                break
+            furthest = max(furthest, reach[index] - base)
+        if furthest < cut:
+            safe = cut
+        return safe
+
+    def _oldest_waiting(self) -> int | None:
+        """Index of the oldest episode of the window with a call waiting for its result (no scan)."""
+        waiting = self._waiting
+        if not waiting:
+            return None
+        start = self._base + self.evicted
+        gone = []  # waiting calls that left the window (past twice a budget): they hold it no more
+        oldest = None
+        for position in waiting:
+            if position >= start:
+                oldest = position - self._base
+                break
+            gone.append(position)
+        for position in gone:
+            del waiting[position]
+        return oldest
 
     def _far_over_budget(self) -> bool:
         """Past twice a budget: a call that never got its result no longer holds the window."""
-        budget = self._budget
-        doubled = Budget(budget.episodes * 2, budget.chars * 2, None if budget.tokens is None else budget.tokens * 2)
-        return not self._fits(doubled)
+        return not self._fits(self._doubled)
 
 
 def window_of(

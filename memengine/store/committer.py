@@ -37,7 +37,6 @@ import functools
 import logging
 import math
 import os
-import random
 import socket
 import threading
 import time
@@ -48,11 +47,13 @@ from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
 
 import anyio
+import tenacity
 
 from ..actor.wakeup import Wakeup
 from ..episode import Episode
 from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
 from ..retain.batch import RetainMode
+from ..retrying import wait_jitter, with_retries_in_thread
 from ..scope import Scope
 from . import erasure, handover, journal, leases, orphans, outbox, owners, scoped, set_aside
 from .base import (
@@ -80,7 +81,17 @@ log = logging.getLogger("memengine.store")
 
 _Append = tuple[str, int, int, Sequence[Episode]]  # session_id, token, first_seq, episodes
 _TRANSIENT_ATTEMPTS = 8
-_JITTER = random.Random()  # the engine's own: the global random state belongs to the application
+#: After the n-th deadlock in a row: 5 ms * n, plus up to 10 ms of jitter (drawn from the engine's own random source).
+_DEADLOCK_WAIT = tenacity.wait_incrementing(start=0.005, increment=0.005) + wait_jitter(0, 0.01)
+
+
+class _Deadlocked(Exception):
+    """The transaction deadlocked with another process's and was rolled back: it runs again."""
+
+
+class _Interrupted(Exception):
+    """Closing interrupted the transaction (see ``_aborted``)."""
+
 
 #: Rows (episodes of an add; other operations count one) one transaction takes at most.
 TRANSACTION_ROWS = 2000
@@ -437,35 +448,45 @@ class GroupCommitStore:
 
         First all together; if one of them fails, the transaction is rolled back
         and the batch runs again with a savepoint around each operation, so only
-        the failing one is refused.
+        the failing one is refused. A transaction another process's deadlocked
+        with (PostgreSQL aborted ours) is run again, all of it, after a short
+        jittered pause (retrying.py, on tenacity).
         """
         self._reconnected = False
-        for attempt in range(_TRANSIENT_ATTEMPTS):
-            if self._aborted:
-                break
-            self._transient = False
-            if self._transaction([s for s in batch if not s.refused], isolate=False):
-                return
-            if self._aborted:
-                break
-            # Without the operation that waited too long, if one did: it would only wait again.
-            if not self._transient and self._transaction([s for s in batch if not s.refused], isolate=True):
-                return
-            if self._aborted:
-                break
-            if not self._transient:
-                return
-            # Another process's transaction deadlocked with this one (PostgreSQL aborted ours): all again.
-            log.info("a store transaction met a deadlock; retrying (attempt %d)", attempt + 2)
-            time.sleep(0.005 * (attempt + 1) + _JITTER.random() * 0.01)
-        reason = (
-            "the store was closing and interrupted it"
-            if self._aborted
-            else "the transaction kept deadlocking with other processes"
-        )
-        for submission in batch:
-            submission.result = None
-            submission.error = StoreError(f"nothing was stored: {reason}")
+        try:
+            with_retries_in_thread(
+                lambda: self._commit_once(batch),
+                _TRANSIENT_ATTEMPTS,
+                lambda exc: isinstance(exc, _Deadlocked) and not self._aborted,
+                lambda attempt, _: log.info("a store transaction met a deadlock; retrying (attempt %d)", attempt + 1),
+                _DEADLOCK_WAIT,
+            )
+        except (_Deadlocked, _Interrupted):
+            reason = (
+                "the store was closing and interrupted it"
+                if self._aborted
+                else "the transaction kept deadlocking with other processes"
+            )
+            for submission in batch:
+                submission.result = None
+                submission.error = StoreError(f"nothing was stored: {reason}")
+
+    def _commit_once(self, batch: list[_Submission]) -> None:
+        """One go at the batch; raises _Deadlocked if it must run again, _Interrupted if closing stopped it."""
+        if self._aborted:
+            raise _Interrupted
+        self._transient = False
+        if self._transaction([s for s in batch if not s.refused], isolate=False):
+            return
+        if self._aborted:
+            raise _Interrupted
+        # Without the operation that waited too long, if one did: it would only wait again.
+        if not self._transient and self._transaction([s for s in batch if not s.refused], isolate=True):
+            return
+        if self._aborted:
+            raise _Interrupted
+        if self._transient:
+            raise _Deadlocked
 
     def _transaction(self, batch: list[_Submission], *, isolate: bool) -> bool:
         errors = self._dialect.errors

@@ -25,13 +25,14 @@ from typing import Any
 import anyio
 
 from ..errors import EngineClosedError, StoreError
+from ..retrying import with_retries_in_thread
 from . import leases
 from .dialect import Db, Dialect
 from .postgres_replies import give_up
 
 log = logging.getLogger("memengine.store")
 
-#: Tries of one renewal (a lost connection or a deadlock is tried again).
+#: Tries of one renewal (a lost connection or a deadlock is tried again at once, retrying.py).
 _ATTEMPTS = 4
 #: Seconds closing waits for a renewal in progress before leaving it behind.
 _CLOSE_WAIT = 2.0
@@ -59,27 +60,35 @@ class RenewalConnection:
     def _renew(self, owner: str, held: list[tuple[str, int]], ttl: float) -> set[str]:
         with self._lock:
             try:
-                for attempt in range(1, _ATTEMPTS + 1):
-                    if self._closed:
-                        raise EngineClosedError("the store is closed")
-                    try:
-                        if self._conn is None or self._conn.closed or self._conn.broken:
-                            self._conn = self._connect()
-                        with self._conn.transaction():
-                            return leases.renew(Db(self._conn, self._dialect), owner, held, ttl)
-                    except self._dialect.errors as exc:
-                        lost = self._conn is None or self._conn.closed or self._conn.broken
-                        if attempt < _ATTEMPTS and (lost or isinstance(exc, self._dialect.transient)):
-                            # Dropped while idle, or deadlocked with a writer (the server broke it): again.
-                            log.info("renewing leases met %r; trying again", exc)
-                            continue
-                        raise StoreError(f"renewing leases failed: {exc}") from exc
-                raise AssertionError("unreachable")
+                return with_retries_in_thread(
+                    lambda: self._renew_once(owner, held, ttl), _ATTEMPTS, self._worth_again, self._log_again
+                )
+            except self._dialect.errors as exc:
+                raise StoreError(f"renewing leases failed: {exc}") from exc
             finally:
                 with self._state:
                     left_behind = self._closed
                 if left_behind:
                     self._close_connection()
+
+    def _renew_once(self, owner: str, held: list[tuple[str, int]], ttl: float) -> set[str]:
+        if self._closed:
+            raise EngineClosedError("the store is closed")
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._connect()
+        with self._conn.transaction():
+            return leases.renew(Db(self._conn, self._dialect), owner, held, ttl)
+
+    def _worth_again(self, exc: BaseException) -> bool:
+        """Dropped while idle, or deadlocked with a writer (the server broke it): a new try, at once."""
+        if not isinstance(exc, self._dialect.errors):
+            return False
+        lost = self._conn is None or self._conn.closed or self._conn.broken
+        return lost or isinstance(exc, self._dialect.transient)
+
+    @staticmethod
+    def _log_again(attempt: int, exc: BaseException) -> None:
+        log.info("renewing leases met %r; trying again", exc)
 
     def close(self, wait: float = _CLOSE_WAIT) -> None:
         """Close the connection (in a thread), after a renewal in progress (``wait`` seconds at most).

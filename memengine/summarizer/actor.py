@@ -2,7 +2,7 @@
 
 The session sends it a :class:`SummarizeBatch` (the previous summary and the
 evicted episodes not yet summarized). It calls the summarizer, retrying with
-backoff (retrying.py), stores the new summary, and only *then* acknowledges to the session
+tenacity (retrying.py), stores the new summary, and only *then* acknowledges to the session
 with :class:`~memengine.session.messages.SummaryStored`. If it is cancelled or
 crashes before that, the episodes are still unsummarized in the store and
 nothing is lost. A caller waiting for a summary never awaits this actor: it
@@ -21,6 +21,7 @@ import anyio.lowlevel
 import attrs
 
 from ..actor.mailbox import Mailbox
+from ..attachments import for_summarizer
 from ..config import SessionConfig
 from ..episode import Episode
 from ..errors import LeaseLostError, SummaryError, UncertainCommitError
@@ -157,7 +158,8 @@ class SummarizerActor:
 
     async def _summarize_untraced(self, batch: SummarizeBatch) -> str:
         with anyio.fail_after(self._config.summarize_timeout):
-            pending = self._summarizer.summarize(batch.previous, batch.episodes)
+            # An image's base64 means nothing to the summarizer: it reads "[image/png, 150 KB]" instead.
+            pending = self._summarizer.summarize(batch.previous, for_summarizer(batch.episodes))
             if not inspect.isawaitable(pending):
                 raise SummaryError(
                     f"summarize() returned {type(pending).__name__}, not an awaitable: make it `async def summarize`"

@@ -16,7 +16,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from memengine import SessionConfig, open_engine
 from memengine.integrations.openai_agents import ITEM_IN_CONTENT_KEY, SUMMARY_PREFIX, MemEngineSession
 from memengine.tool_calls import CALLS_KEY, RESULT_OF_KEY
-from tests.fakes import RecordingSink
+from tests.fakes import GatedSummarizer, RecordingSink
 
 pytestmark = pytest.mark.anyio
 
@@ -86,7 +86,8 @@ async def test_every_item_comes_back_json_equal_in_order(tmp_path: Path) -> None
     async with open_engine(tmp_path / "m.db", config=BIG) as engine:
         await MemEngineSession(engine, "s").add_items(ITEMS)
     async with open_engine(tmp_path / "m.db", config=BIG) as engine:  # and from the store, after a restart
-        assert await MemEngineSession(engine, "s").get_items() == ITEMS
+        # All but the output whose call was never added: the model would refuse it.
+        assert await MemEngineSession(engine, "s").get_items() == [i for i in ITEMS if i.get("call_id") != "call_2"]
         contents = [episode.content for episode in (await engine.session("s").context()).episodes]
     # The summarizer and recall read the items' words, not their JSON.
     assert contents[:5] == [
@@ -114,7 +115,7 @@ async def test_an_item_too_large_for_metadata_is_kept_whole_and_still_paired(tmp
 
 async def test_items_added_again_in_a_later_call_are_stored_again_as_the_sdk_sessions_do(tmp_path: Path) -> None:
     # The SDK's sessions store what each add_items is given; so does this one, items with ids included.
-    turn = [ITEMS[2], ITEMS[3], ITEMS[6], {"role": "user", "content": "hello"}]
+    turn = [ITEMS[2], ITEMS[6], ITEMS[7], {"role": "user", "content": "hello"}]
     sdk_session = SQLiteSession("s", tmp_path / "sdk.db")
     await sdk_session.add_items(turn)
     await sdk_session.add_items(turn)
@@ -422,3 +423,42 @@ def test_import_memengine_does_not_import_the_sdk() -> None:
 
     code = "import sys, memengine; assert 'agents' not in sys.modules, 'memengine imported the SDK'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_get_items_leaves_out_an_output_whose_call_is_gone(tmp_path: Path) -> None:
+    # The call was popped (the run was retried); its output still came. The output left the window at
+    # once and shows raw until its summary is stored: the summarizer is held, so it stays shown.
+    summarizer = GatedSummarizer()
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "weather", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
+    question = {"role": "user", "content": "Weather?"}
+    async with open_engine(tmp_path / "m.db", summarizer=summarizer, config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        await session.add_items([question, call])
+        assert await session.pop_item() == call
+        await session.add_items([output, {"role": "user", "content": "Thanks."}])
+        await summarizer.wait_until_called()
+        shown = (await engine.session("s").context()).episodes
+        assert output in [episode.metadata.get("openai_agents.item") for episode in shown]  # still shown raw
+        assert await session.get_items() == [question, {"role": "user", "content": "Thanks."}]
+        assert await session.get_items(limit=1) == [{"role": "user", "content": "Thanks."}]
+        summarizer.release()
+
+
+async def test_get_items_returns_fresh_copies(tmp_path: Path) -> None:
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        await session.add_items(ITEMS[:5])
+        items = await session.get_items()
+        expected = json.loads(json.dumps(items))
+        items[0]["content"] = "edited"
+        items[1]["content"][0]["text"] = "edited"
+        items.append({"role": "user", "content": "appended"})
+        assert await session.get_items() == expected
+        (await session.get_items(limit=2))[0]["output"] = "edited"
+        assert await session.get_items() == expected
+        popped = await session.pop_item()
+        assert popped == expected[-1]
+        popped["output"] = "edited"
+        await session.add_items([ITEMS[4]])
+        assert await session.get_items() == expected

@@ -34,7 +34,8 @@ async def test_the_readme_example_runs_and_remembers_the_first_turn(
         ]
     )
     code = code.replace('model="gpt-4.1-mini"', "model=scripted_model")
-    code = code.replace('"memory.db"', repr(str(tmp_path / "memory.db")))
+    database = re.search(r'open_engine\("([^"]+)"', code).group(1)  # the example's own file, kept in tmp_path
+    code = code.replace(f'"{database}"', repr(str(tmp_path / database)))
 
     def run() -> None:  # asyncio.run needs a thread without a running loop
         try:
@@ -49,4 +50,4 @@ async def test_the_readme_example_runs_and_remembers_the_first_turn(
     assert [item.get("output") for item in model.calls[-1].input if item.get("type") == "function_call_output"] == [
         "Order 1182 left the warehouse yesterday."
     ]
-    assert (tmp_path / "memory.db").exists()
+    assert (tmp_path / database).exists()
