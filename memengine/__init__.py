@@ -11,6 +11,7 @@ from .episode import Episode
 from .errors import (
     EngineClosedError,
     EngineFailedError,
+    ForeignLoopError,
     ForgetIncompleteError,
     LeaseLostError,
     MemEngineError,
@@ -50,6 +51,7 @@ __all__ = [
     "Episode",
     "ExportStream",
     "ExtractiveSummarizer",
+    "ForeignLoopError",
     "ForgetIncompleteError",
     "ForgetReport",
     "ForgetRequest",

@@ -14,8 +14,9 @@ import anyio
 import anyio.abc
 
 from .actor.reply import Reply
+from .actor.wakeup import current_loop
 from .config import SessionConfig
-from .errors import EngineClosedError, EngineFailedError, LeaseLostError, MemEngineError
+from .errors import EngineClosedError, EngineFailedError, ForeignLoopError, LeaseLostError, MemEngineError
 from .limits import MAX_OWNER_BYTES, MAX_RECALL_LIMIT, MAX_SESSION_ID_BYTES, require_int, require_text
 from .privacy import forget as forgetting
 from .privacy.export import ExportStream
@@ -55,6 +56,11 @@ class Engine:
     Sessions are virtual actors: one is activated (its state recovered from the
     store) by the first message sent to it, and passivated after it has been
     idle for ``SessionConfig.passivate_after`` seconds or closed.
+
+    Every call must come from the event loop that opened the engine: a call
+    from another (another thread's, ``Runner.run_sync``'s) raises
+    :class:`ForeignLoopError` before doing anything. Run the engine behind a
+    portal to call it from other threads (see the error).
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class Engine:
         self._actors: dict[str, SessionActor] = {}
         self._closed = False
         self._others_running = anyio.Event()  # set while other engines are registered on the store
+        self._loop = current_loop()  # the only event loop whose calls the engine can answer
 
     def __repr__(self) -> str:
         active = len(self._actors)
@@ -122,6 +129,7 @@ class Engine:
         stored episodes first. Works with or without a retain sink. A
         checkpoint; if cancelled, nothing changes.
         """
+        self._check_caller()
         with self._telemetry.operation(
             "search_memory", "recall", session_id if isinstance(session_id, str) else None
         ) as traced:
@@ -163,6 +171,7 @@ class Engine:
         afterwards starts a new, empty session. A checkpoint; if cancelled,
         the sessions already sent for erasure are erased, the rest are not.
         """
+        self._check_caller()
         scope = Scope.of("forget", session_id=session_id, tenant=tenant, prefix=prefix, allow_all=False)
         if not isinstance(dry_run, bool):
             raise TypeError(f"dry_run must be a bool, not {type(dry_run).__name__}")
@@ -198,7 +207,7 @@ class Engine:
         scope = Scope.of("export", session_id=session_id, tenant=tenant, prefix=prefix, allow_all=False)
         if self._closed:
             raise EngineClosedError("the engine is closed")
-        return ExportStream(self._services.store, scope)
+        return ExportStream(self._services.store, scope, self._check_caller)
 
     async def stats(self) -> EngineStats:
         """Active sessions, mailbox depth, episodes waiting for a summary, and the retain outbox.
@@ -207,6 +216,7 @@ class Engine:
         opentelemetry installed. Reads the store for the outbox figures: a
         checkpoint; if cancelled, nothing changes.
         """
+        self._check_caller()
         outbox = RetainMetrics.of(await self._services.store.outbox_state(), 0, 0)
         set_aside = await self._services.store.set_aside_counts()
         depths = [actor.mailbox.depth for actor in self._actors.values()]
@@ -226,6 +236,7 @@ class Engine:
 
         A read of the store (every process's work): a checkpoint; if cancelled, nothing changes.
         """
+        self._check_caller()
         if session_id is not None:
             self.session(session_id)  # the same validation as a handle
         return await self._services.store.list_set_aside(session_id, MAX_SET_ASIDE_LISTED)
@@ -239,6 +250,7 @@ class Engine:
         due at once again, with its attempts counted afresh. If cancelled,
         the sessions already told try again; the rest stay set aside.
         """
+        self._check_caller()
         if self._closed:
             raise EngineClosedError("the engine is closed")
         store = self._services.store
@@ -269,6 +281,7 @@ class Engine:
         delete their episodes (:meth:`Session.delete_episodes`, which lifts
         the mark). A checkpoint; if cancelled, the batches may still be dropped.
         """
+        self._check_caller()
         if self._closed:
             raise EngineClosedError("the engine is closed")
         if session_id is not None:
@@ -342,6 +355,7 @@ class Engine:
 
     async def retain_metrics(self) -> RetainMetrics:
         """Outbox depth, age of the oldest undelivered batch, deliveries and failures so far."""
+        self._check_caller()
         outbox = await self._services.store.outbox_state()
         delivered, failures = (0, 0) if self._delivery is None else (self._delivery.delivered, self._delivery.failures)
         return RetainMetrics.of(outbox, delivered, failures)
@@ -355,6 +369,17 @@ class Engine:
         """
         require_text("a session id", session_id, max_bytes=MAX_SESSION_ID_BYTES)
         return Session(self, session_id)
+
+    def _check_caller(self) -> None:
+        """Refuse a call from an event loop other than the engine's: it could never be answered."""
+        if current_loop() is not self._loop:
+            raise ForeignLoopError(
+                "this call came from an event loop other than the engine's (another thread's, or "
+                "Runner.run_sync's): the engine could never answer it. Call the engine from the loop "
+                "that opened it, or run the engine behind a portal "
+                "(anyio.from_thread.start_blocking_portal()) and call through it: portal.call(...), "
+                "or MemEngineSession(engine, session_id, portal=portal)"
+            )
 
     async def _send(self, session_id: str, message: ClientMessage) -> None:
         """Put a caller's message in the session's mailbox, activating the session if needed.

@@ -34,6 +34,19 @@ class EngineClosedError(MemEngineError):
     """
 
 
+class ForeignLoopError(MemEngineError, RuntimeError):
+    """A call came from an event loop other than the engine's (another thread's, or another library's).
+
+    The engine answers a call by waking its caller on the engine's own event
+    loop, which cannot wake a task of another loop: such a call would never
+    return. It is refused before anything is sent (nothing was done). Make
+    the call on the engine's loop instead: run the engine behind a portal
+    (``anyio.from_thread.start_blocking_portal()``) and call through it
+    (``portal.call(session.add, episodes)``); :class:`MemEngineSession` of the
+    OpenAI Agents integration takes it as ``portal=``.
+    """
+
+
 class EngineFailedError(MemEngineError):
     """One of the engine's own tasks failed unexpectedly (a bug): the engine stopped.
 

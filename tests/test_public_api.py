@@ -22,6 +22,7 @@ def test_exports_are_deliberate() -> None:
         "Episode",
         "ExportStream",
         "ExtractiveSummarizer",
+        "ForeignLoopError",
         "ForgetIncompleteError",
         "ForgetReport",
         "ForgetRequest",

@@ -84,6 +84,18 @@ class Wakeup:
         return _trio_lowlevel().Abort.SUCCEEDED
 
 
+def current_loop() -> object:
+    """The running event loop: the asyncio loop, or trio's token for the run (one per ``trio.run``).
+
+    What the engine compares with its own loop's, on every call, to refuse a
+    call from another loop: a :class:`Wakeup` set on the engine's loop cannot
+    wake a task of another loop (nor touch it safely from another thread).
+    """
+    if _under_trio():
+        return _trio_lowlevel().current_trio_token()
+    return asyncio.get_running_loop()
+
+
 def _under_trio() -> bool:
     """Whether the running task is trio's: what ``sniffio.current_async_library()`` says, asking less.
 

@@ -25,17 +25,43 @@ written with memengine's own keys (:data:`memengine.tool_calls.CALLS_KEY`,
 :data:`~memengine.tool_calls.RESULT_OF_KEY`), so the window evicts a call and
 its output together.
 
-Episode ids, and retries
-========================
+Every item added is stored, as by the SDK's own sessions
+========================================================
 
-An item with an ``id`` (every item the Responses API returns has one) is
-stored under an episode id made of that id and a digest of the whole item: an
-``add_items`` retried after a timeout stores nothing twice, while two
-different items that share an id (models behind the Chat Completions API all
-report the SDK's placeholder ``__fake_id__``; test models repeat theirs) are
-both kept. An item without an id (the user's input, usually; a tool's output),
-or with the placeholder id, gets a fresh episode id: retrying ``add_items``
-may store it again, exactly as with the SDK's own stores.
+Each ``add_items`` stores every item it is given, as a new episode (with an
+episode id of its own), whatever the item's ``id``: an item added again in a
+later call is stored again, as the SDK's ``SQLiteSession`` and
+``SQLAlchemySession`` store it. Ids do not tell a repeated item from a new
+one: models behind the Chat Completions API all report the SDK's placeholder
+``__fake_id__``, and test models repeat theirs (the SDK's
+``agents.testing.ScriptedModel`` gives every message ``"scripted-message"``),
+so a model that answers ``"OK"`` twice gives two equal items, and the
+conversation has both. The same holds for a retry: an ``add_items`` retried
+after it timed out may store its items twice, exactly as with the SDK's
+stores (a cancelled ``add_items`` is still carried out: see
+:class:`MemEngineSession`). To add idempotently, use the engine's own
+:meth:`memengine.Session.add`, which stores an episode id once.
+
+What is refused, where the SDK's own sessions differ
+====================================================
+
+``add_items`` stores nothing of a call it refuses. An item that JSON cannot
+encode (an object, bytes, a set) raises ``TypeError``, as it does from the
+SDK's ``SQLiteSession`` and ``SQLAlchemySession``. The SDK's sessions store
+some things without a word that this session refuses, deliberately:
+
+- ``NaN`` and infinities (``ValueError``): they are not JSON. The SDK writes
+  them as the bare tokens ``NaN``/``Infinity``, which PostgreSQL's ``jsonb``
+  cannot hold (memengine accepts the same input on both stores) and which
+  strict JSON parsers refuse, a model provider's API among them when the
+  item is sent on the next turn: the error would come later, far from its cause.
+- An item that is not a dict (``TypeError``), and a dict passed as the list
+  of items (the SDK stores each of its keys as an item): every
+  ``TResponseInputItem`` is a dict, and the next ``Runner.run`` would fail
+  on what was stored.
+- An empty or blank ``session_id`` (``ValueError``, from
+  :meth:`memengine.Engine.session`): an id left empty by mistake (an unset
+  user id) would put every such user in one shared conversation.
 
 Threads and event loops
 =======================
@@ -43,7 +69,8 @@ Threads and event loops
 The SDK runs on asyncio only, so this adapter is asyncio-only; the engine
 itself may run on asyncio or trio. Without ``portal``, every call must come
 from the event loop that runs the engine (``Runner.run`` and
-``Runner.run_streamed`` inside ``async with open_engine(...)``).
+``Runner.run_streamed`` inside ``async with open_engine(...)``); a call from
+any other raises :class:`memengine.ForeignLoopError` at once, naming ``portal=``.
 ``Runner.run_sync`` runs the agent on an event loop of its own, which cannot
 be the engine's (the engine's loop must be running all along, ``run_sync``'s
 is not); run the engine in a portal instead
@@ -54,7 +81,6 @@ to the engine's thread, from whichever thread or loop it is made.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -70,7 +96,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .. import rendering
 from ..episode import Episode
-from ..limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS
+from ..limits import MAX_ROLE_CHARS
 from ..rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY
 from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
 
@@ -90,9 +116,6 @@ FAKE_ITEM_ID = "__fake_id__"
 #: How the summary message that ``get_items()`` puts first begins.
 SUMMARY_PREFIX = rendering.SUMMARY_PREFIX
 
-_ID_PREFIX = "openai-agents:"
-# Room left in an episode id for the digest and separators; a longer item id is digested whole.
-_MAX_ITEM_ID_BYTES = MAX_EPISODE_ID_BYTES - 128
 
 T = TypeVar("T")
 
@@ -162,10 +185,12 @@ class MemEngineSession:
     async def add_items(self, items: list[Any]) -> None:
         """Store the items at the end of the session, in order; return when they are committed.
 
-        Every item must be JSON (dicts with str keys, lists, str, numbers, bool
-        and None), as the SDK's items are. A retried call stores no item with
-        an ``id`` twice (see the module docstring). A rejected argument stores
-        nothing.
+        Every item must be a dict of JSON (dicts, lists, str, finite numbers,
+        bool and None), as the SDK's items are: ``TypeError`` for what JSON
+        cannot encode or an item that is not a dict, ``ValueError`` for NaN or
+        an infinity (see the module docstring). Every item is stored, even
+        one added before, as by the SDK's own sessions (see the module
+        docstring). A rejected argument stores nothing.
         """
         if isinstance(items, Mapping) or isinstance(items, str | bytes):
             raise TypeError(f"add_items() takes a list of items, not {type(items).__name__}")
@@ -203,7 +228,9 @@ class MemEngineSession:
             raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
         try:
             encoded = json.dumps(item, allow_nan=False, ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
+        except TypeError as exc:  # a value JSON has no type for: TypeError, as from the SDK's own sessions
+            raise TypeError(f"a session item must be JSON: {exc}") from None
+        except ValueError as exc:  # NaN or an infinity (which the SDK's sessions would store), or a cycle
             raise ValueError(f"a session item must be JSON: {exc}") from None
         exact = json.loads(encoded)
         links = tool_links({"item": exact})
@@ -223,11 +250,7 @@ class MemEngineSession:
         else:
             metadata[ITEM_IN_CONTENT_KEY] = True
             content = encoded
-        # Keys sorted for the digest, so that a retry that builds its dicts in another order is the same item.
-        episode_id = _episode_id(exact, json.dumps(exact, ensure_ascii=False, sort_keys=True))
-        if episode_id is None:
-            return Episode(role, content, metadata=metadata)
-        return Episode(role, content, id=episode_id, metadata=metadata)
+        return Episode(role, content, metadata=metadata)
 
     async def _call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._portal is not None:
@@ -288,13 +311,3 @@ def _text_of(value: object) -> str:
                     parts.append(text)
         return "\n".join(parts)
     return ""
-
-
-def _episode_id(item: dict[str, Any], encoded: str) -> str | None:
-    item_id = item.get("id")
-    if not isinstance(item_id, str) or not item_id.strip() or item_id == FAKE_ITEM_ID:
-        return None
-    digest = hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    if len(item_id.encode("utf-8", "surrogatepass")) > _MAX_ITEM_ID_BYTES or "\x00" in item_id:
-        item_id = hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{_ID_PREFIX}{item_id}:{digest}"

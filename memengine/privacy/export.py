@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..episode import Episode
@@ -34,8 +35,9 @@ class ExportStream:
     changes and the stream may be iterated further.
     """
 
-    def __init__(self, store: Store, scope: Scope) -> None:
+    def __init__(self, store: Store, scope: Scope, check_caller: Callable[[], None] | None = None) -> None:
         self._store = store
+        self._check_caller = check_caller  # the engine's: refuses a step from another event loop
         self._scope = scope
         self._listed_after: str | None = None
         self._listing_done = False
@@ -48,6 +50,8 @@ class ExportStream:
         return self
 
     async def __anext__(self) -> Record:
+        if self._check_caller is not None:
+            self._check_caller()
         while not self._ready:
             if self._session is not None:
                 episodes = await self._store.episodes_after(self._session, self._after_seq, EPISODES_PER_PAGE)

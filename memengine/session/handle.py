@@ -43,13 +43,18 @@ class SessionHost(Protocol):
     def _send_now(self, session_id: str, message: ClientMessage) -> bool:
         """:meth:`_send` if the mailbox has room (True); else send nothing and return False."""
 
+    def _check_caller(self) -> None:
+        """Raise :class:`~memengine.ForeignLoopError` unless called from the engine's event loop."""
+
 
 class Session:
     """A handle on one session. Get one with :meth:`Engine.session`.
 
     Handles do no I/O until called, and many handles may address the same
     session. Each call is a message to the session's actor, handled in arrival
-    order. Every call is a checkpoint. A call cancelled before it was sent sent
+    order. Every call is a checkpoint, and must come from the engine's event
+    loop (:class:`~memengine.ForeignLoopError` otherwise, before anything is
+    sent). A call cancelled before it was sent sent
     nothing; a call cancelled while waiting for its answer stops waiting, and
     the actor still carries the operation out (``add`` is idempotent by episode
     id, so retrying it is safe).
@@ -165,6 +170,7 @@ class Session:
         close leaves it closed. The session survives: ``engine.session(id)``
         returns a working handle. Closing twice is a no-op.
         """
+        self._engine._check_caller()
         if self._closed:
             await anyio.lowlevel.checkpoint()
             return
@@ -182,6 +188,7 @@ class Session:
 
     async def _request(self, make: Callable[..., ClientMessage], *fields: Any) -> Any:
         """Send the message ``make(*fields, reply)`` and wait for its reply."""
+        self._engine._check_caller()
         if self._closed:
             raise SessionClosedError(f"session handle {self._id!r} is closed")
         await anyio.lowlevel.checkpoint_if_cancelled()
@@ -192,7 +199,8 @@ class Session:
         return await reply.wait()
 
     async def _nothing_to_do(self, answer: T) -> T:
-        """A call that needs no message: refused on a closed handle all the same, and a checkpoint."""
+        """A call that needs no message: refused on a closed handle (or from another loop) all the same."""
+        self._engine._check_caller()
         if self._closed:
             raise SessionClosedError(f"session handle {self._id!r} is closed")
         await anyio.lowlevel.checkpoint()

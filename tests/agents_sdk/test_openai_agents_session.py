@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from agents import Agent, Runner, function_tool
+from agents import Agent, Runner, SQLiteSession, function_tool
 from agents.memory import Session, SessionSettings
 from agents.testing import ScriptedModel, assistant_message, function_call
 
@@ -113,17 +113,36 @@ async def test_an_item_too_large_for_metadata_is_kept_whole_and_still_paired(tmp
     assert stored[0].metadata[CALLS_KEY] == ["call_9"]
 
 
-async def test_a_retried_add_stores_items_with_ids_once_and_items_without_ids_again(tmp_path: Path) -> None:
-    with_ids = [ITEMS[2], ITEMS[6], ITEMS[7]]
-    without_id = {"role": "user", "content": "hello"}
+async def test_items_added_again_in_a_later_call_are_stored_again_as_the_sdk_sessions_do(tmp_path: Path) -> None:
+    # The SDK's sessions store what each add_items is given; so does this one, items with ids included.
+    turn = [ITEMS[2], ITEMS[6], ITEMS[7], {"role": "user", "content": "hello"}]
+    sdk_session = SQLiteSession("s", tmp_path / "sdk.db")
+    await sdk_session.add_items(turn)
+    await sdk_session.add_items(turn)
+    sdk_items = await sdk_session.get_items()
+    sdk_session.close()
     async with open_engine(tmp_path / "m.db", config=BIG) as engine:
         session = MemEngineSession(engine, "s")
-        await session.add_items([*with_ids, without_id])
-        reordered = [dict(reversed(item.items())) for item in with_ids]  # the same items, built in another order
-        await session.add_items([*reordered, without_id])  # the retry after a timeout
+        await session.add_items(turn)
+        await session.add_items(turn)
         stored = await session.get_items()
-    assert stored == [*with_ids, without_id, without_id]
-    assert [list(item) for item in stored[:3]] == [list(item) for item in with_ids]  # keys in their order
+    assert stored == sdk_items == turn + turn
+    assert [list(item) for item in stored[:4]] == [list(item) for item in turn]  # keys in their order
+
+
+async def test_a_model_that_answers_twice_the_same_has_both_answers_in_the_history(tmp_path: Path) -> None:
+    # The SDK's own test model gives every message the id "scripted-message": two same answers, one id.
+    model = ScriptedModel()
+    agent = Agent(name="assistant", model=model)
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        for _ in range(2):
+            model.enqueue([assistant_message("OK")])
+            await Runner.run(agent, "Say OK", session=session)
+        model.enqueue([assistant_message("done")])
+        await Runner.run(agent, "Anything else?", session=session)
+    sent = [item.get("role") for item in model.calls[-1].input]
+    assert sent == ["user", "assistant", "user", "assistant", "user"]
 
 
 async def test_different_items_that_share_an_id_are_all_kept(tmp_path: Path) -> None:
@@ -149,6 +168,47 @@ async def test_items_that_are_not_json_are_refused_and_nothing_is_stored(tmp_pat
         with pytest.raises(TypeError):
             await session.add_items({"role": "user", "content": "a dict, not a list"})  # type: ignore[arg-type]
         assert await session.get_items() == []
+
+
+async def test_an_item_that_is_not_json_serializable_raises_type_error_as_the_sdk_sessions_do(tmp_path: Path) -> None:
+    # The SDK's own tests expect TypeError (what json.dumps raises): the SDK's SQLiteSession, side by side.
+    unserializable = {"role": "user", "content": object()}
+    sdk_session = SQLiteSession("s", tmp_path / "sdk.db")
+    with pytest.raises(TypeError):
+        await sdk_session.add_items([unserializable])  # type: ignore[list-item]
+    sdk_session.close()
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        with pytest.raises(TypeError, match="JSON"):
+            await session.add_items([{"role": "user", "content": "ok"}, unserializable])  # type: ignore[list-item]
+        assert await session.get_items() == []
+        # The session stays usable after the failure.
+        await session.add_items([{"role": "user", "content": "after failure"}])
+        assert await session.get_items() == [{"role": "user", "content": "after failure"}]
+
+
+REFUSED_THOUGH_THE_SDK_ACCEPTS = {
+    # What the SDK's sessions store without a word, and why MemEngineSession refuses it (module docstring).
+    "an empty session id": ("", [{"role": "user", "content": "hi"}], ValueError),
+    "NaN": ("s", [{"role": "user", "content": "x", "score": float("nan")}], ValueError),
+    "infinity": ("s", [{"role": "user", "content": "x", "score": float("inf")}], ValueError),
+    "an item that is not a dict": ("s", ["just a string"], TypeError),
+    "a dict for the list of items": ("s", {"role": "user", "content": "hi"}, TypeError),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_THOUGH_THE_SDK_ACCEPTS))
+async def test_what_the_sdk_sessions_accept_and_memengine_refuses(tmp_path: Path, case: str) -> None:
+    session_id, items, error = REFUSED_THOUGH_THE_SDK_ACCEPTS[case]
+    sdk_session = SQLiteSession(session_id, tmp_path / "sdk.db")
+    await sdk_session.add_items(items)  # stored without a word
+    assert await sdk_session.get_items() != []
+    sdk_session.close()
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        with pytest.raises(error):
+            session = MemEngineSession(engine, session_id)
+            await session.add_items(items)
+        assert await MemEngineSession(engine, "s").get_items() == []
 
 
 async def test_a_multi_turn_conversation_reaches_the_model_in_order(tmp_path: Path) -> None:
