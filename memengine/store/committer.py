@@ -878,7 +878,10 @@ class GroupCommitStore:
         dead, others = await self._read(lambda db: owners.dead_owners(db, liveness, self.owner, among))
         if not dead:
             return owners.Reaped(others=others)
-        return await self._submit(lambda db: owners.reap(db, liveness, self.owner, dead))
+        reaped = await self._submit(lambda db: owners.reap(db, liveness, self.owner, dead))
+        if reaped.incarnations:  # committed: nobody checks them again
+            await anyio.to_thread.run_sync(liveness.forget, reaped.incarnations)
+        return reaped
 
     async def load_session(self, session_id: str) -> SessionSnapshot:
         return await self._read(lambda db: journal.load(db, session_id))

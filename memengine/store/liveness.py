@@ -3,10 +3,13 @@
 See store/owners.py for what is done with it. Two kinds:
 
 - :class:`FileLiveness` (SQLite): an exclusive ``flock`` on a file of its own
-  in ``<database>-owners/``, held for the engine's lifetime. The kernel drops
-  it when the process exits, however it exits. Another engine that can take
-  the lock knows the process is gone (and removes the file). ``flock`` locks
-  belong to the open file, so two engines in one process are told apart.
+  in ``<database>-owners/`` (beside the database's resolved path), held for
+  the engine's lifetime; the engine registers that file's absolute path. The
+  kernel drops the lock when the process exits, however it exits. Another
+  engine that can take the lock knows the process is gone (and, once it has
+  reaped it, removes the file); one that cannot open the file knows nothing.
+  ``flock`` locks belong to the open file, so two engines in one process are
+  told apart.
   Where files cannot be locked (no ``fcntl``, a read-only directory), there is
   no liveness: leases expire as before.
 - :class:`AdvisoryLiveness` (PostgreSQL): a session-level advisory lock on a
@@ -25,6 +28,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .dialect import Db
-from .owners import process_gone
+from .owners import Incarnation, process_gone
 
 log = logging.getLogger("memengine.store")
 
@@ -43,6 +47,7 @@ ADVISORY_GRACE = 5.0
 #: How often an engine checks that it still holds its liveness lock (and reaps dead owners).
 HEARTBEAT_SECONDS = 1.0
 
+_ID = re.compile("[0-9a-f]{32}")  # an incarnation's random id (uuid4 hex)
 _KEYS = random.Random()  # the engine's own: the global random state belongs to the application
 
 
@@ -51,15 +56,27 @@ def _new_incarnation() -> str:
 
 
 class FileLiveness:
-    """A ``flock`` on ``<directory>/<incarnation>`` for as long as the engine runs."""
+    """A ``flock`` on ``<database>-owners/<random id>`` for as long as the engine runs.
+
+    The directory sits beside the database file's resolved path (symlinks
+    and the working directory resolved when the store opened), and the
+    incarnation registered *is* the lock file's absolute path: an engine that
+    reaches the database by another path (a symlink, a hard link, another
+    working directory) checks the very file the owner locks. A lock file that
+    cannot be opened (removed by a tmp cleaner, unreadable) proves nothing:
+    its owner is alive unless its pid is gone from this machine. The owner
+    puts a removed file back at its next heartbeat.
+    """
 
     grace = 0.0
     lock_key = 0
 
     def __init__(self, directory: Path) -> None:
-        self.incarnation = _new_incarnation()
         self._directory = directory
+        self._path = directory / _new_incarnation()
+        self.incarnation = str(self._path)
         self._fd: int | None = None
+        self._lock = threading.Lock()  # a heartbeat putting the file back, the exit removing it
 
     @classmethod
     def beside(cls, database: str) -> FileLiveness | None:
@@ -70,54 +87,100 @@ class FileLiveness:
             import fcntl  # noqa: F401
         except ImportError:  # not on this platform: leases expire as before
             return None
-        return cls(Path(database + "-owners"))
+        return cls(Path(os.path.realpath(database) + "-owners"))
 
     def hold(self) -> None:
+        self._fd = _locked_file(self._path)
+
+    def alive(self, db: Db, incarnations: Sequence[Incarnation]) -> set[str]:
+        return {each.name for each in incarnations if not self._proved_dead(each)}
+
+    def _proved_dead(self, incarnation: Incarnation) -> bool:
         import fcntl
 
-        self._directory.mkdir(exist_ok=True)
-        fd = os.open(self._directory / self.incarnation, os.O_CREAT | os.O_RDWR, 0o600)
+        path = self._lock_file(incarnation.name)
+        try:
+            if path is None:
+                raise FileNotFoundError(incarnation.name)
+            fd = os.open(path, os.O_RDONLY)  # flock needs no write access
+        except OSError:
+            # Removed (a tmp cleaner, a reaper whose transaction failed), unreadable, not ours to judge:
+            # no proof from the file.
+            return process_gone(incarnation.host, incarnation.pid)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException:
+        except OSError:
+            return False  # held (or not lockable here): alive
+        else:
+            return True  # only the end of its holder frees it
+        finally:
             os.close(fd)
-            raise
-        self._fd = fd
 
-    def alive(self, db: Db, incarnations: Sequence[tuple[str, int]]) -> set[str]:
-        import fcntl
+    def _lock_file(self, incarnation: str) -> Path | None:
+        """Where ``incarnation`` keeps its lock; None for what is no incarnation of this kind."""
+        if os.sep not in incarnation:
+            return self._directory / incarnation  # an older version's: beside the file, by its bare id
+        path = Path(incarnation)
+        if path.is_absolute() and path.parent.name.endswith("-owners") and _ID.fullmatch(path.name):
+            return path
+        return None
 
-        living = set()
-        for incarnation, _ in incarnations:
-            path = self._directory / incarnation
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except FileNotFoundError:
-                continue  # removed by whoever found it dead first
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                living.add(incarnation)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()  # under the lock: its process is gone
-            finally:
-                os.close(fd)
-        return living
+    def forget(self, incarnations: Sequence[str]) -> None:
+        for incarnation in incarnations:
+            path = self._lock_file(incarnation)
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
     def check(self) -> bool:
-        return True  # a file lock is held exactly as long as the process lives
+        """A file lock is held exactly as long as the process lives; its file is put back if it was removed."""
+        with self._lock:
+            if self._fd is None:
+                return True
+            try:
+                if os.path.samestat(os.stat(self._path), os.fstat(self._fd)):
+                    return True
+            except OSError:
+                pass
+            try:
+                fd = _locked_file(self._path)
+            except OSError as exc:
+                log.warning("this engine's liveness file %s was removed and cannot be made again (%s)", self._path, exc)
+                return True  # others cannot tell: they count it alive, its leases decide
+            log.warning("this engine's liveness file %s was removed (a tmp cleaner?): made again", self._path)
+            os.close(self._fd)
+            self._fd = fd
+            return True
 
     def process_gone(self, host: str, pid: int) -> bool:
-        return True  # its lock is free: the process has ended (grace 0 anyway)
+        return process_gone(host, pid)
 
     def release(self, wait: float) -> None:
-        if self._fd is None:
-            return
+        with self._lock:
+            if self._fd is None:
+                return
+            with contextlib.suppress(OSError):
+                self._path.unlink()
+            os.close(self._fd)
+            self._fd = None
+
+
+def _locked_file(path: Path) -> int:
+    """A new file at ``path``, locked before it appears there: never found unlocked while its owner lives."""
+    import fcntl
+
+    path.parent.mkdir(exist_ok=True)
+    unseen = path.with_name(f".{path.name}.new")
+    fd = os.open(unseen, os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.replace(unseen, path)
+    except BaseException:
+        os.close(fd)
         with contextlib.suppress(OSError):
-            (self._directory / self.incarnation).unlink()
-        os.close(self._fd)
-        self._fd = None
+            unseen.unlink()
+        raise
+    return fd
 
 
 class AdvisoryLiveness:
@@ -157,13 +220,16 @@ class AdvisoryLiveness:
             conn.close()
             raise
 
-    def alive(self, db: Db, incarnations: Sequence[tuple[str, int]]) -> set[str]:
+    def alive(self, db: Db, incarnations: Sequence[Incarnation]) -> set[str]:
         # Taking another's key succeeds only if its session is gone; held until this transaction ends.
         return {
-            incarnation
-            for incarnation, key in incarnations
-            if not db.execute("SELECT pg_try_advisory_xact_lock(?)", (key,)).fetchone()[0]
+            each.name
+            for each in incarnations
+            if not db.execute("SELECT pg_try_advisory_xact_lock(?)", (each.lock_key,)).fetchone()[0]
         }
+
+    def forget(self, incarnations: Sequence[str]) -> None:
+        pass  # nothing outside the database
 
     def process_gone(self, host: str, pid: int) -> bool:
         return process_gone(host, pid)

@@ -71,13 +71,33 @@ class Liveness(Protocol):
         """Give the lock up (the engine has left); a check still running gets ``wait`` seconds, then is left behind."""
         ...
 
-    def alive(self, db: Db, incarnations: Sequence[tuple[str, int]]) -> set[str]:
-        """Which of ``(incarnation, lock_key)`` still hold their lock (in a transaction of ``db``)."""
+    def alive(self, db: Db, incarnations: Sequence[Incarnation]) -> set[str]:
+        """Which of ``incarnations`` are alive (in a transaction of ``db``): all but those proved dead.
+
+        Proof is a lock taken that only the process's end could have freed (or,
+        on this machine, its pid gone). Whatever cannot be told (a lock file
+        missing or unreadable, a lock of another kind) counts as alive: the
+        lease decides.
+        """
+        ...
+
+    def forget(self, incarnations: Sequence[str]) -> None:
+        """Remove what is left of incarnations reaped (and committed as such): their lock files."""
         ...
 
     def process_gone(self, host: str, pid: int) -> bool:
         """Whether the process ``pid`` of ``host`` has surely ended (only knowable on this machine)."""
         ...
+
+
+@attrs.frozen
+class Incarnation:
+    """One registered engine, as others check it."""
+
+    name: str
+    lock_key: int
+    host: str
+    pid: int
 
 
 @attrs.frozen
@@ -90,6 +110,8 @@ class Reaped:
     waiting: bool = False
     #: Other engines are registered on the store (alive or not): sessions may move between processes.
     others: bool = False
+    #: The incarnations proved dead and unregistered (their lock files are removed after the commit).
+    incarnations: tuple[str, ...] = ()
 
 
 NOTHING_REAPED = Reaped()
@@ -141,15 +163,18 @@ def dead_owners(db: Db, liveness: Liveness, own: str, among: Sequence[str] | Non
         if not among:
             return [], False
         rows = db.execute(
-            f"SELECT incarnation, owner, lock_key FROM engine_owners WHERE owner IN ({placeholders(len(among))})",
+            f"SELECT incarnation, owner, lock_key, host, pid FROM engine_owners "
+            f"WHERE owner IN ({placeholders(len(among))})",
             among,
         ).fetchall()
     else:
-        rows = db.execute("SELECT incarnation, owner, lock_key FROM engine_owners WHERE owner <> ?", (own,)).fetchall()
-    by_owner: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for incarnation, owner, lock_key in rows:
+        rows = db.execute(
+            "SELECT incarnation, owner, lock_key, host, pid FROM engine_owners WHERE owner <> ?", (own,)
+        ).fetchall()
+    by_owner: dict[str, list[Incarnation]] = defaultdict(list)
+    for incarnation, owner, lock_key, host, pid in rows:
         if incarnation != liveness.incarnation and owner != own:
-            by_owner[owner].append((incarnation, int(lock_key)))
+            by_owner[owner].append(Incarnation(incarnation, int(lock_key), host, int(pid)))
     dead = sorted(owner for owner, incarnations in by_owner.items() if not liveness.alive(db, incarnations))
     return dead, bool(by_owner)
 
@@ -157,21 +182,25 @@ def dead_owners(db: Db, liveness: Liveness, own: str, among: Sequence[str] | Non
 def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
     """Release what the dead ``owners`` held, each checked dead again inside this transaction."""
     reaped: list[str] = []
+    unregistered: list[str] = []
     waiting = False
     for owner in owners:
         if owner == own:
             continue
-        rows = db.execute(
-            "SELECT incarnation, lock_key, host, pid FROM engine_owners WHERE owner = ?{for_update}", (owner,)
-        ).fetchall()
-        if not rows or liveness.alive(db, [(incarnation, int(key)) for incarnation, key, _, _ in rows]):
+        incarnations = [
+            Incarnation(incarnation, int(key), host, int(pid))
+            for incarnation, key, host, pid in db.execute(
+                "SELECT incarnation, lock_key, host, pid FROM engine_owners WHERE owner = ?{for_update}", (owner,)
+            ).fetchall()
+        ]
+        if not incarnations or liveness.alive(db, incarnations):
             continue  # reaped by another engine meanwhile, or back (a restart, a reconnection)
         db.execute("UPDATE engine_owners SET dead_since = {now} WHERE owner = ? AND dead_since IS NULL", (owner,))
         (dead_for,) = db.execute(
             "SELECT {now} - min(dead_since) FROM engine_owners WHERE owner = ?", (owner,)
         ).fetchone()
         # A process of this machine that has ended can neither write nor answer a read: no grace.
-        gone = all(liveness.process_gone(host, int(pid)) for _, _, host, pid in rows)
+        gone = all(liveness.process_gone(each.host, each.pid) for each in incarnations)
         if not gone and float(dead_for) < liveness.grace:
             waiting = True
             continue
@@ -186,4 +215,5 @@ def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
         )
         db.execute("DELETE FROM engine_owners WHERE owner = ?", (owner,))
         reaped.append(owner)
-    return Reaped(tuple(reaped), waiting, others=True)
+        unregistered.extend(each.name for each in incarnations)
+    return Reaped(tuple(reaped), waiting, others=True, incarnations=tuple(unregistered))

@@ -1,0 +1,178 @@
+"""Dead only on proof, with real processes (issue 26; store/liveness.py, store/owners.py).
+
+A process that holds a session (tests/liveness_worker.py ``hold``: a summary in
+flight for ever, so it never hands the session over) must keep it against
+another process that reaches the same store another way: by a symlink, by a
+hard link, from another working directory, after its liveness directory was
+removed. The other process (``want``) must get ``SessionBusyError``: if it took
+the holder for dead, it would release the holder's lease and take the session
+while the holder still serves it. Where liveness cannot tell, the holder is
+alive and its lease decides; where it can prove death (kill -9), takeover stays
+prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memengine.store.liveness import FileLiveness
+from memengine.store.owners import Incarnation
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Generous: a shared, loaded machine. Nothing is asserted on time.
+WORKER_TIMEOUT = 90
+
+
+class Worker:
+    """A tests/liveness_worker.py process, killed at the end of the test whatever happens."""
+
+    def __init__(self, *args: str, cwd: Path | None = None, **popen: Any) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.liveness_worker", *args],
+            cwd=cwd or ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **popen,
+        )
+
+    def wait_for(self, op: str, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                break
+            record = json.loads(line)
+            if record["op"] == op:
+                return record
+        self.kill()
+        raise AssertionError(f"no {op!r} from the worker: {self.process.communicate(timeout=30)[1][-3000:]}")
+
+    def outcome(self, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
+        """The last record of a worker that exits by itself (``want``)."""
+        try:
+            out, err = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, err = self.process.communicate()
+            raise AssertionError(f"the worker did not finish in {timeout} s: {err[-3000:]}") from None
+        assert self.process.returncode == 0, err[-3000:]
+        return json.loads(out.splitlines()[-1])
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.kill()
+        for stream in (worker.process.stdout, worker.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def holding(workers: list[Worker], store: str, *args: str, **popen: Any) -> dict[str, Any]:
+    holder = Worker("hold", store, *args, **popen)
+    workers.append(holder)
+    return holder.wait_for("holding")
+
+
+def wanting(workers: list[Worker], store: str, *args: str, **popen: Any) -> dict[str, Any]:
+    wanter = Worker("want", store, *args, **popen)
+    workers.append(wanter)
+    return wanter.outcome()
+
+
+def registered(database: Path) -> list[Incarnation]:
+    conn = sqlite3.connect(database, timeout=10)
+    try:
+        rows = conn.execute("SELECT incarnation, lock_key, host, pid FROM engine_owners").fetchall()
+    finally:
+        conn.close()
+    return [Incarnation(name, int(key), host, int(pid)) for name, key, host, pid in rows]
+
+
+def found_alive(alias: str | Path, incarnations: Sequence[Incarnation]) -> set[str]:
+    """What an engine that opened the store as ``alias`` (from the current directory) finds alive."""
+    liveness = FileLiveness.beside(str(alias))
+    assert liveness is not None
+    return liveness.alive(None, incarnations)  # type: ignore[arg-type]  # a file lock needs no transaction
+
+
+# -- SQLite: the same file, reached another way ---------------------------------
+
+
+def test_a_symlink_to_the_file_does_not_make_its_holder_look_dead(tmp_path: Path, workers: list[Worker]) -> None:
+    database = tmp_path / "memory.db"
+    holding(workers, str(database))
+    (tmp_path / "link.db").symlink_to(database)
+    assert wanting(workers, str(tmp_path / "link.db")) == {"op": "busy", "owner": "holder"}
+
+
+def test_a_relative_path_and_a_change_of_directory_do_not_make_a_holder_look_dead(
+    tmp_path: Path, workers: list[Worker]
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    holding(workers, str(tmp_path / "memory.db"))
+    # The wanter opened "memory.db" in tmp_path, then moved: relative paths now name nothing.
+    assert wanting(workers, "memory.db", "--chdir", str(elsewhere), cwd=tmp_path) == {"op": "busy", "owner": "holder"}
+
+
+def test_a_holder_that_changed_directory_is_not_taken_for_dead(tmp_path: Path, workers: list[Worker]) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    holding(workers, "memory.db", "--chdir", str(elsewhere), cwd=tmp_path)
+    assert wanting(workers, str(tmp_path / "memory.db")) == {"op": "busy", "owner": "holder"}
+
+
+def test_a_removed_liveness_directory_leaves_its_holders_alive(tmp_path: Path, workers: list[Worker]) -> None:
+    database = tmp_path / "memory.db"
+    holding(workers, str(database))
+    shutil.rmtree(tmp_path / "memory.db-owners")  # a tmp cleaner
+    assert wanting(workers, str(database)) == {"op": "busy", "owner": "holder"}
+
+
+def test_a_hard_link_to_the_file_does_not_make_its_holder_look_dead(tmp_path: Path, workers: list[Worker]) -> None:
+    # Not the whole engine: SQLite keeps a WAL per file *name*, so two engines on two hard links of one
+    # database would not see each other's writes (an unsafe setup for SQLite itself). The verdict is
+    # what liveness owes: an engine that opened the hard link finds the holder alive.
+    database = tmp_path / "memory.db"
+    holding(workers, str(database))
+    (tmp_path / "linked").mkdir()
+    os.link(database, tmp_path / "linked" / "hard.db")
+    (holder,) = registered(database)
+    assert found_alive(tmp_path / "linked" / "hard.db", [holder]) == {holder.name}
+
+
+def test_every_alias_finds_a_killed_holder_dead(tmp_path: Path, workers: list[Worker]) -> None:
+    database = tmp_path / "memory.db"
+    holding(workers, str(database))
+    (tmp_path / "link.db").symlink_to(database)
+    (tmp_path / "linked").mkdir()
+    os.link(database, tmp_path / "linked" / "hard.db")
+    (holder,) = registered(database)
+    for alias in (database, tmp_path / "link.db", tmp_path / "linked" / "hard.db"):
+        assert found_alive(alias, [holder]) == {holder.name}, alias
+    workers[0].kill()
+    for alias in (database, tmp_path / "link.db", tmp_path / "linked" / "hard.db"):
+        assert found_alive(alias, [holder]) == set(), alias
+    assert wanting(workers, str(tmp_path / "link.db"), "--lease-wait", "30") == {"op": "took", "seq": 3}
