@@ -38,11 +38,13 @@ WORKER_TIMEOUT = 90
 class Worker:
     """A tests/liveness_worker.py process, killed at the end of the test whatever happens."""
 
-    def __init__(self, *args: str, cwd: Path | None = None, **popen: Any) -> None:
+    def __init__(
+        self, *args: str, cwd: Path | None = None, python: str = sys.executable, env: Any = None, **popen: Any
+    ) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.liveness_worker", *args],
+            [python, "-m", "tests.liveness_worker", *args],
             cwd=cwd or ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env=env or {**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -70,6 +72,7 @@ class Worker:
             out, err = self.process.communicate()
             raise AssertionError(f"the worker did not finish in {timeout} s: {err[-3000:]}") from None
         assert self.process.returncode == 0, err[-3000:]
+        self.stderr = err
         return json.loads(out.splitlines()[-1])
 
     def kill(self) -> None:
@@ -176,3 +179,112 @@ def test_every_alias_finds_a_killed_holder_dead(tmp_path: Path, workers: list[Wo
     for alias in (database, tmp_path / "link.db", tmp_path / "linked" / "hard.db"):
         assert found_alive(alias, [holder]) == set(), alias
     assert wanting(workers, str(tmp_path / "link.db"), "--lease-wait", "30") == {"op": "took", "seq": 3}
+
+
+# -- SQLite: another Unix user on the same file -----------------------------------
+
+SITE_PACKAGES = next(Path(sys.prefix).glob("lib/python3*/site-packages"), None)
+
+
+@pytest.fixture
+def other_user() -> Iterator[tuple[int, int, Path]]:
+    """A new Unix user sharing a new group with root, and a setgid directory of that group: (uid, gid, directory)."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("groupadd") is None:
+        pytest.skip("creating a second Unix user needs root and useradd/groupadd")
+    name = f"memengine{os.getpid() % 100000}"
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    try:
+        subprocess.run(["useradd", "-M", "-N", "-g", name, name], check=True, capture_output=True)
+        try:
+            uid, gid = int(_id("-u", name)), int(_id("-g", name))
+            directory = Path(f"/tmp/{name}-store")
+            directory.mkdir()
+            try:
+                os.chown(directory, 0, gid)
+                directory.chmod(0o2770)
+                yield uid, gid, directory
+            finally:
+                shutil.rmtree(directory)
+        finally:
+            subprocess.run(["userdel", name], capture_output=True)
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True)
+
+
+def _id(option: str, name: str) -> str:
+    return subprocess.run(["id", option, name], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def as_user(uid: int, gid: int) -> dict[str, Any]:
+    """Popen options that run a worker as that user, with an interpreter it can reach (the venv's may be private)."""
+    python = shutil.which("python3", path="/usr/bin:/usr/local/bin")
+    path = os.pathsep.join(str(p) for p in (ROOT, SITE_PACKAGES) if p is not None)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"}
+    check = subprocess.run(
+        [python or "python3", "-c", "import memengine, anyio, trio, sqlite3"],
+        user=uid,
+        group=gid,
+        env=env,
+        cwd="/tmp",
+        capture_output=True,
+        text=True,
+    )
+    if python is None or check.returncode != 0 or sys.version_info[:2] != _version(python):
+        pytest.skip(f"no interpreter the second user can run memengine with: {check.stderr[-500:]}")
+    return {"user": uid, "group": gid, "env": env, "python": python, "umask": SHARING}
+
+
+def _version(python: str) -> tuple[int, int]:
+    out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True)
+    major, minor = out.stdout.split()
+    return int(major), int(minor)
+
+
+#: A team's umask: what a user creates, its group may write.
+SHARING = 0o002
+
+
+def group_writable_database(directory: Path, gid: int) -> Path:
+    database = directory / "memory.db"
+    database.touch()
+    os.chown(database, 0, gid)
+    database.chmod(0o660)
+    return database
+
+
+def test_a_second_user_opens_a_group_writable_store_another_user_serves(
+    other_user: tuple[int, int, Path], workers: list[Worker]
+) -> None:
+    uid, gid, directory = other_user
+    database = group_writable_database(directory, gid)
+    holding(workers, str(database), umask=SHARING)  # root
+    assert wanting(workers, str(database), **as_user(uid, gid)) == {"op": "busy", "owner": "holder"}
+
+
+def test_a_store_a_second_user_serves_is_not_taken_from_it(
+    other_user: tuple[int, int, Path], workers: list[Worker]
+) -> None:
+    uid, gid, directory = other_user
+    database = group_writable_database(directory, gid)
+    holding(workers, str(database), **as_user(uid, gid))
+    (holder,) = registered(database)
+    lock_file = Path(holder.name)
+    assert lock_file.stat().st_uid == uid and lock_file.stat().st_gid == gid
+    assert lock_file.stat().st_mode & 0o777 == 0o660  # as the database file
+    assert wanting(workers, str(database), umask=SHARING) == {"op": "busy", "owner": "holder"}  # root
+    workers[0].kill()
+    assert wanting(workers, str(database), "--lease-wait", "30", **as_user(uid, gid)) == {"op": "took", "seq": 3}
+
+
+def test_a_liveness_directory_a_user_cannot_write_is_a_clear_warning_not_a_failure(
+    other_user: tuple[int, int, Path], workers: list[Worker]
+) -> None:
+    uid, gid, directory = other_user
+    database = group_writable_database(directory, gid)
+    (directory / "memory.db-owners").mkdir(mode=0o755)  # made by an older version, or by hand
+    holding(workers, str(database), umask=SHARING)  # root
+    wanter = Worker("want", str(database), **as_user(uid, gid))
+    workers.append(wanter)
+    assert wanter.outcome() == {"op": "busy", "owner": "holder"}  # it runs, its leases alone say it is alive
+    assert f"cannot create this engine's liveness lock file {directory}/memory.db-owners/" in wanter.stderr
+    assert f"chmod g+rwx {directory}/memory.db-owners" in wanter.stderr

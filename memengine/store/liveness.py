@@ -71,12 +71,15 @@ class FileLiveness:
     grace = 0.0
     lock_key = 0
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, mode: int = 0o600, group: int | None = None) -> None:
         self._directory = directory
         self._path = directory / _new_incarnation()
         self.incarnation = str(self._path)
+        self._mode = mode  # the lock files' (the database file's read and write bits)
+        self._group = group  # and their group (the database file's)
         self._fd: int | None = None
         self._lock = threading.Lock()  # a heartbeat putting the file back, the exit removing it
+        self._unreadable: set[str] = set()  # lock files of others this engine could not open (said once)
 
     @classmethod
     def beside(cls, database: str) -> FileLiveness | None:
@@ -87,10 +90,25 @@ class FileLiveness:
             import fcntl  # noqa: F401
         except ImportError:  # not on this platform: leases expire as before
             return None
-        return cls(Path(os.path.realpath(database) + "-owners"))
+        resolved = os.path.realpath(database)
+        try:
+            stat = os.stat(resolved)
+        except OSError:
+            return cls(Path(resolved + "-owners"))
+        # Whoever may write the database may lock beside it, and others can check the lock.
+        return cls(Path(resolved + "-owners"), stat.st_mode & 0o666, stat.st_gid)
 
     def hold(self) -> None:
-        self._fd = _locked_file(self._path)
+        try:
+            self._fd = _locked_file(self._path, self._mode, self._group)
+        except PermissionError as exc:
+            raise PermissionError(
+                f"cannot create this engine's liveness lock file {self._path} ({exc.strerror}). Every user of the "
+                f"database needs write access to {self._directory}: give them a shared group that may write it "
+                f"(chgrp GROUP {self._directory}; chmod g+rwx {self._directory}), or remove the directory and "
+                "give the database file the permissions they share (memengine makes the directory and its files "
+                "like it)"
+            ) from exc
 
     def alive(self, db: Db, incarnations: Sequence[Incarnation]) -> set[str]:
         return {each.name for each in incarnations if not self._proved_dead(each)}
@@ -103,9 +121,19 @@ class FileLiveness:
             if path is None:
                 raise FileNotFoundError(incarnation.name)
             fd = os.open(path, os.O_RDONLY)  # flock needs no write access
-        except OSError:
+        except OSError as exc:
             # Removed (a tmp cleaner, a reaper whose transaction failed), unreadable, not ours to judge:
             # no proof from the file.
+            if isinstance(exc, PermissionError) and incarnation.name not in self._unreadable:
+                self._unreadable.add(incarnation.name)
+                log.warning(
+                    "cannot read another engine's liveness lock file %s (%s): it counts as alive until its pid is "
+                    "gone or its leases expire. Give the database file permissions every user of it shares (the "
+                    "lock files follow them), or a group that may read %s",
+                    path,
+                    exc.strerror,
+                    self._directory,
+                )
             return process_gone(incarnation.host, incarnation.pid)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -143,7 +171,7 @@ class FileLiveness:
             except OSError:
                 pass
             try:
-                fd = _locked_file(self._path)
+                fd = _locked_file(self._path, self._mode, self._group)
             except OSError as exc:
                 log.warning("this engine's liveness file %s was removed and cannot be made again (%s)", self._path, exc)
                 return True  # others cannot tell: they count it alive, its leases decide
@@ -165,14 +193,24 @@ class FileLiveness:
             self._fd = None
 
 
-def _locked_file(path: Path) -> int:
-    """A new file at ``path``, locked before it appears there: never found unlocked while its owner lives."""
+def _locked_file(path: Path, mode: int, group: int | None) -> int:
+    """A new file at ``path``, locked before it appears there: never found unlocked while its owner lives.
+
+    It gets ``mode`` and ``group`` whatever the umask (the directory too, if made now: searchable where readable).
+    """
     import fcntl
 
-    path.parent.mkdir(exist_ok=True)
+    directory = path.parent
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        pass
+    else:
+        _share(directory, mode | (mode & 0o444) >> 2, group)
     unseen = path.with_name(f".{path.name}.new")
     fd = os.open(unseen, os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
     try:
+        _share(fd, mode, group)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.replace(unseen, path)
     except BaseException:
@@ -181,6 +219,14 @@ def _locked_file(path: Path) -> int:
             unseen.unlink()
         raise
     return fd
+
+
+def _share(target: int | Path, mode: int, group: int | None) -> None:
+    """Give ``target`` (a descriptor or a path) ``mode`` and, where this process may, ``group``."""
+    if group is not None:
+        with contextlib.suppress(OSError):  # not a member of the database file's group: its own group then
+            os.chown(target, -1, group)
+    os.chmod(target, mode)
 
 
 class AdvisoryLiveness:
