@@ -110,3 +110,50 @@ async def test_a_dead_owner_of_another_machine_is_released_only_after_the_grace(
             assert lease_left <= now and claim_left <= now and owners == 0
             context = await engine.session("s").context()  # taken over now
             assert context.episodes == ()
+
+
+async def test_a_reap_leaves_an_incarnation_registered_under_the_same_name_meanwhile(pg_url) -> None:
+    """A restart under the dead owner's name registers while a reap of its former incarnation runs."""
+    from memengine.store.dialect import Db, postgres_dialect
+    from memengine.store.liveness import AdvisoryLiveness
+    from memengine.store.owners import reap
+
+    async with open_engine(pg_url, config=CONFIG, owner="survivor"):
+        pass  # the schema
+    restart_key = 4242
+    with (
+        psycopg.connect(pg_url, autocommit=True) as setup,
+        psycopg.connect(pg_url, autocommit=True) as restart,
+        psycopg.connect(pg_url) as reaping,
+    ):
+        setup.execute(
+            "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at, dead_since) "
+            "VALUES ('former', 'x', 4141, 'elsewhere/boot', 1, 0, 0)"  # dead long past any grace
+        )
+        restart.execute("SELECT pg_advisory_lock(%s)", (restart_key,))  # the restart's liveness lock
+
+        class RestartMeanwhile(AdvisoryLiveness):
+            """Finds what it is asked about, while the restart registers and takes a session by name."""
+
+            def alive(self, db, incarnations):
+                found = super().alive(db, incarnations)
+                if not found:
+                    restart.execute(
+                        "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at) "
+                        "VALUES ('restarted', 'x', %s, 'elsewhere/boot', 2, 0)",
+                        (restart_key,),
+                    )
+                    restart.execute(
+                        "INSERT INTO session_leases (session_id, owner, token, expires_at) "
+                        "VALUES ('s', 'x', 1, extract(epoch from clock_timestamp()) + 600)"
+                    )
+                return found
+
+        reap(Db(reaping, postgres_dialect()), RestartMeanwhile(lambda: None), "survivor", ["x"])
+        reaping.commit()
+        registered = setup.execute("SELECT incarnation FROM engine_owners ORDER BY incarnation").fetchall()
+        (lease_left,) = setup.execute(
+            "SELECT expires_at - extract(epoch from clock_timestamp()) FROM session_leases WHERE session_id = 's'"
+        ).fetchone()
+    assert registered == [("restarted",)]  # the former incarnation, proved dead, is gone; the restart is not
+    assert lease_left > 500  # the restart keeps the session it took

@@ -12,6 +12,8 @@ holds its lock. Then another engine *reaps* it, in one transaction that checks
 again: the dead owner's unexpired leases expire now (so its sessions are taken
 over on their next call, and the orphan sweep finds them at once), and its
 retain claims lapse now (so its batches are delivered by whoever comes next).
+Only the incarnations proved dead are unregistered: an engine restarted under
+the same name meanwhile keeps its registration, and what it took back.
 Fencing is unchanged: a takeover still increments the token, so nothing a
 former owner might still send is stored.
 
@@ -195,25 +197,32 @@ def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
         ]
         if not incarnations or liveness.alive(db, incarnations):
             continue  # reaped by another engine meanwhile, or back (a restart, a reconnection)
-        db.execute("UPDATE engine_owners SET dead_since = {now} WHERE owner = ? AND dead_since IS NULL", (owner,))
-        (dead_for,) = db.execute(
-            "SELECT {now} - min(dead_since) FROM engine_owners WHERE owner = ?", (owner,)
-        ).fetchone()
+        # Only these incarnations were proved dead: one registered meanwhile under the same name is not touched.
+        names = [each.name for each in incarnations]
+        these = f"incarnation IN ({placeholders(len(names))})"
+        db.execute(f"UPDATE engine_owners SET dead_since = {{now}} WHERE {these} AND dead_since IS NULL", names)
+        (dead_for,) = db.execute(f"SELECT {{now}} - min(dead_since) FROM engine_owners WHERE {these}", names).fetchone()
         # A process of this machine that has ended can neither write nor answer a read: no grace.
         gone = all(liveness.process_gone(each.host, each.pid) for each in incarnations)
         if not gone and float(dead_for) < liveness.grace:
             waiting = True
             continue
-        # Its sessions become orphans now: taken over on their next call, found by the orphan sweep.
+        # Its sessions become orphans now (taken over on their next call, found by the orphan sweep), unless
+        # a restart under its name registered meanwhile: that one took them back by name, and lives.
+        # (PostgreSQL: each statement sees the registrations committed before it started; SQLite: no meanwhile.)
+        no_restart = f"NOT EXISTS (SELECT 1 FROM engine_owners WHERE owner = ? AND NOT {these})"
         db.execute(
             "UPDATE session_leases SET expires_at = {now} WHERE session_id IN ("
-            "  SELECT session_id FROM session_leases WHERE owner = ? AND expires_at > {now}{skip_locked})",
-            (owner,),
+            "  SELECT session_id FROM session_leases WHERE owner = ? AND expires_at > {now}{skip_locked}) "
+            f"AND {no_restart}",
+            (owner, owner, *names),
         )
         db.execute(
-            "UPDATE retain_outbox SET claim_until = {now} WHERE claimed_by = ? AND claim_until > {now}", (owner,)
+            "UPDATE retain_outbox SET claim_until = {now} WHERE claimed_by = ? AND claim_until > {now} "
+            f"AND {no_restart}",
+            (owner, owner, *names),
         )
-        db.execute("DELETE FROM engine_owners WHERE owner = ?", (owner,))
+        db.execute(f"DELETE FROM engine_owners WHERE {these}", names)
         reaped.append(owner)
-        unregistered.extend(each.name for each in incarnations)
+        unregistered.extend(names)
     return Reaped(tuple(reaped), waiting, others=True, incarnations=tuple(unregistered))
