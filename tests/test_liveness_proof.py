@@ -13,6 +13,7 @@ prompt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -50,6 +51,8 @@ class Worker:
             text=True,
             **popen,
         )
+        self.seen: list[dict[str, Any]] = []
+        self.stderr = ""
 
     def wait_for(self, op: str, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -58,6 +61,7 @@ class Worker:
             if not line:
                 break
             record = json.loads(line)
+            self.seen.append(record)
             if record["op"] == op:
                 return record
         self.kill()
@@ -80,6 +84,12 @@ class Worker:
             self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
+    def kill_children(self) -> None:
+        for record in self.seen:
+            if record["op"] == "forked":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(record["child"], signal.SIGKILL)
+
 
 @pytest.fixture
 def workers() -> Iterator[list[Worker]]:
@@ -87,6 +97,7 @@ def workers() -> Iterator[list[Worker]]:
     yield started
     for worker in started:
         worker.kill()
+        worker.kill_children()
         for stream in (worker.process.stdout, worker.process.stderr):
             if stream is not None:
                 stream.close()
@@ -288,3 +299,15 @@ def test_a_liveness_directory_a_user_cannot_write_is_a_clear_warning_not_a_failu
     assert wanter.outcome() == {"op": "busy", "owner": "holder"}  # it runs, its leases alone say it is alive
     assert f"cannot create this engine's liveness lock file {directory}/memory.db-owners/" in wanter.stderr
     assert f"chmod g+rwx {directory}/memory.db-owners" in wanter.stderr
+
+
+# -- a forked child --------------------------------------------------------------
+
+
+def test_a_forked_child_does_not_keep_its_parent_alive(store_url: str, workers: list[Worker]) -> None:
+    # The holder's lease lasts 600 s: only proof of its death can free the session within the wanter's wait.
+    holding(workers, store_url, "--fork", "--lease-ttl", "600")
+    (forked,) = [record for record in workers[0].seen if record["op"] == "forked"]
+    workers[0].kill()  # the parent; its child lives on, doing nothing
+    os.kill(forked["child"], 0)  # still there
+    assert wanting(workers, store_url, "--lease-wait", "60") == {"op": "took", "seq": 3}

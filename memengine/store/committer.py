@@ -166,6 +166,7 @@ class GroupCommitStore:
         self._reader = reader
         self._dialect = dialect
         self.owner = owner or new_owner_id()
+        self._pid = os.getpid()  # a forked child renews nothing of its parent's (see forked)
         self._queue: deque[_Submission] = deque()
         self._urgent: list[_Submission] = []  # lease renewals: into the next transaction, first
         self._queue_filled = Wakeup()
@@ -807,6 +808,8 @@ class GroupCommitStore:
         return activated
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
+        if self.forked():
+            return set()  # the parent's leases: never renewed from a forked child
         # Urgent: a lease must never lapse because writes were queued ahead of its renewal.
         return await self._submit(lambda db: leases.renew(db, self.owner, held, ttl), urgent=True)
 
@@ -856,9 +859,13 @@ class GroupCommitStore:
         grace = self._liveness.grace
         return math.inf if grace == 0 else asked_at + grace - 2 * HEARTBEAT_SECONDS
 
+    def forked(self) -> bool:
+        """Whether this is a forked child of the process that opened the store: its leases are the parent's."""
+        return os.getpid() != self._pid
+
     async def keep_alive(self) -> bool:
         liveness = self._liveness
-        if liveness is None:
+        if liveness is None or self.forked():
             return True
         asked_at = anyio.current_time()
         held = await anyio.to_thread.run_sync(liveness.check, limiter=self._liveness_slot, abandon_on_cancel=True)

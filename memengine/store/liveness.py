@@ -31,6 +31,7 @@ import random
 import re
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,25 @@ _KEYS = random.Random()  # the engine's own: the global random state belongs to 
 
 def _new_incarnation() -> str:
     return uuid.uuid4().hex
+
+
+#: The liveness locks this process holds: a forked child lets go of them (:func:`_in_forked_child`).
+_HELD: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _in_forked_child() -> None:
+    """A forked child is not its parent: it lets go of the parent's locks, and never takes them again.
+
+    Otherwise the child (a worker forked by ``multiprocessing``, say) would
+    keep the parent looking alive after its death, and its sessions would wait
+    for their leases. The child's engines are its parent's; they hold no lock.
+    """
+    for liveness in list(_HELD):
+        liveness.drop_inherited()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_in_forked_child)
 
 
 class FileLiveness:
@@ -99,6 +119,7 @@ class FileLiveness:
         return cls(Path(resolved + "-owners"), stat.st_mode & 0o666, stat.st_gid)
 
     def hold(self) -> None:
+        _HELD.add(self)
         try:
             self._fd = _locked_file(self._path, self._mode, self._group)
         except PermissionError as exc:
@@ -183,6 +204,13 @@ class FileLiveness:
     def process_gone(self, host: str, pid: int) -> bool:
         return process_gone(host, pid)
 
+    def drop_inherited(self) -> None:
+        """In a forked child: close this copy of the parent's lock file (the parent's lock ends with the parent)."""
+        self._lock = threading.Lock()  # another thread of the parent may have held it: that thread is not here
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None  # nothing to check, put back or remove from here
+
     def release(self, wait: float) -> None:
         with self._lock:
             if self._fd is None:
@@ -241,10 +269,24 @@ class AdvisoryLiveness:
         self._conn: Any = None
         self._lock = threading.Lock()  # one thread on the connection at a time
         self._released = False  # set by release: a check still running closes the connection itself
+        self._inherited = False  # in a forked child: the lock and its connection are the parent's
 
     def hold(self) -> None:
+        _HELD.add(self)
         with self._lock:
             self._take()
+
+    def drop_inherited(self) -> None:
+        """In a forked child: never check, take or give back the parent's lock (its connection is the parent's).
+
+        The connection's socket itself is let go of with every memengine
+        connection's (postgres_connection.py): the server ends the lock when
+        the parent dies. The connection object is kept: dropped, it would be
+        finalized, and say goodbye to the server on the parent's socket.
+        """
+        self._lock = threading.Lock()
+        self._released = True
+        self._inherited = True
 
     def _take(self) -> None:
         if self._released:
@@ -282,6 +324,8 @@ class AdvisoryLiveness:
 
     def check(self) -> bool:
         """Whether the lock was held all along; if it was lost, take it again (False)."""
+        if self._inherited:
+            return True  # the parent's, not this child's to check
         with self._lock:
             try:
                 return self._check()
@@ -327,7 +371,7 @@ class AdvisoryLiveness:
             self._lock.release()
 
     def _close(self) -> None:
-        if self._conn is not None:
+        if self._conn is not None and not self._inherited:
             with contextlib.suppress(Exception):
                 self._conn.close()
             self._conn = None
