@@ -40,10 +40,16 @@ class Worker:
     """A tests/liveness_worker.py process, killed at the end of the test whatever happens."""
 
     def __init__(
-        self, *args: str, cwd: Path | None = None, python: str = sys.executable, env: Any = None, **popen: Any
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        python: str = sys.executable,
+        prefix: Sequence[str] = (),
+        env: Any = None,
+        **popen: Any,
     ) -> None:
         self.process = subprocess.Popen(
-            [python, "-m", "tests.liveness_worker", *args],
+            [python, *prefix, "-m", "tests.liveness_worker", *args],
             cwd=cwd or ROOT,
             env=env or {**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=subprocess.PIPE,
@@ -311,3 +317,68 @@ def test_a_forked_child_does_not_keep_its_parent_alive(store_url: str, workers: 
     workers[0].kill()  # the parent; its child lives on, doing nothing
     os.kill(forked["child"], 0)  # still there
     assert wanting(workers, store_url, "--lease-wait", "60") == {"op": "took", "seq": 3}
+
+
+# -- PostgreSQL: replicas in separate PID namespaces of one host -----------------
+
+
+def free_pid() -> int:
+    """A pid no process of this namespace has, below the last one given out (so not reused soon)."""
+    last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+    taken = {int(name) for name in os.listdir("/proc") if name.isdigit()}
+    return next(pid for pid in range(max(last // 2, 300), last) if pid not in taken)
+
+
+def in_pid_namespace(pid: int) -> dict[str, Any]:
+    """Popen options that run a worker as ``pid`` of a new PID namespace (same host name, same boot)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"new PID namespaces are not allowed here: {probe.stderr.strip()[:300]}")
+    # sh is pid 1 of the namespace; it sets the next pid, then forks the worker (never execs it: "; exit").
+    script = f'echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "$0" "$@"; exit $?'
+    return {
+        "python": "unshare",
+        "prefix": ["--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script, sys.executable],
+    }
+
+
+def host_pid(namespace_pid: int) -> int:
+    """This namespace's pid of the worker that is ``namespace_pid`` in a namespace of its own."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                status = Path(f"/proc/{name}/status").read_text()
+                (nspid,) = [line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")]
+                if len(nspid) == 2 and int(nspid[1]) == namespace_pid:
+                    return int(nspid[0])
+    raise AssertionError(f"no process is {namespace_pid} of a namespace of its own")
+
+
+def test_an_owner_in_another_pid_namespace_is_not_judged_by_this_one(workers: list[Worker]) -> None:
+    from memengine.store.owners import process_gone
+
+    from .conftest import postgres_schema
+    from .test_owner_liveness import terminate_liveness_backend
+
+    with postgres_schema() as url:
+        pid = free_pid()
+        holder = Worker("hold", url, **in_pid_namespace(pid))
+        workers.append(holder)
+        assert holder.wait_for("holding")["pid"] == pid
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            host, registered_pid, lock_key = conn.execute("SELECT host, pid, lock_key FROM engine_owners").fetchone()
+        assert registered_pid == pid and not Path(f"/proc/{pid}").exists()  # no such pid here: it lives elsewhere
+        assert not process_gone(host, pid)  # this machine's process table is not the owner's
+        # The holder is paused and its lock's connection dropped: its lock is gone, the process is not.
+        paused = host_pid(pid)
+        os.kill(paused, signal.SIGSTOP)
+        try:
+            assert terminate_liveness_backend(url, lock_key) == 1
+            # The grace (5 s) outlasts the wait (3 s): the session is not taken from a process that may live.
+            assert wanting(workers, url, "--lease-wait", "3") == {"op": "busy", "owner": "holder"}
+        finally:
+            os.kill(paused, signal.SIGCONT)

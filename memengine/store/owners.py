@@ -24,8 +24,10 @@ whose connection dropped; such a process notices within a heartbeat, stops
 answering reads from memory until its leases are renewed (session/lease.py)
 and cancels its sink calls (retain/delivery.py), all before the grace is over
 and another process could take a session or a batch over. No grace either
-for a process of this machine (host name and boot id) that is surely gone
-(its pid no longer exists, or is a zombie): the usual restart.
+for a process of this machine (host name, boot id and PID namespace) that is
+surely gone (its pid no longer exists, or is a zombie): the usual restart.
+Where the checker cannot see the owner's process table (another machine,
+another container, an older version's registration), the grace applies.
 
 An owner never reaps its own name (a restart under the same name takes its
 sessions and claims back by name), and owners that never registered (older
@@ -120,17 +122,35 @@ NOTHING_REAPED = Reaped()
 
 
 def this_host() -> str:
-    """This machine, as long as it runs: its name and boot id (a pid means nothing after a reboot)."""
+    """This machine and process table, as long as they last: host name, boot id and PID namespace.
+
+    A pid means something only within one boot and one PID namespace:
+    containers on one machine share the boot id and may share a host name,
+    but each has a namespace of its own. What cannot be read is "unknown",
+    and a host with anything unknown is never this one (:func:`process_gone`).
+    """
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
-        boot = "unknown boot"
-    return f"{socket.gethostname()}/{boot}"
+        boot = _UNKNOWN
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]": the namespace's inode
+    except OSError:
+        namespace = _UNKNOWN
+    return f"{socket.gethostname()}/{boot}/{namespace}"
+
+
+_UNKNOWN = "unknown"
 
 
 def process_gone(host: str, pid: int) -> bool:
-    """Whether process ``pid`` of ``host`` has surely ended: False unless ``host`` is this machine."""
-    if host != this_host() or host.endswith("/unknown boot"):
+    """Whether process ``pid`` of ``host`` has surely ended: False unless ``host`` is this process table.
+
+    An owner registered by another machine, another PID namespace or an
+    older version (whose host names no namespace) cannot be looked up here.
+    """
+    here = this_host()
+    if host != here or _UNKNOWN in here.split("/")[1:]:
         return False
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
