@@ -12,10 +12,11 @@ See store/owners.py for what is done with it. Two kinds:
   told apart.
   Where files cannot be locked (no ``fcntl``, a read-only directory), there is
   no liveness: leases expire as before.
-- :class:`AdvisoryLiveness` (PostgreSQL): a session-level advisory lock on a
-  random 63-bit key, held by a connection of its own. The server drops it when
-  that connection ends: at once when the process dies (its socket is closed),
-  later when a network cut is noticed. Another engine checks with
+- :class:`AdvisoryLiveness` (PostgreSQL): an advisory lock on a random 63-bit
+  key, held by a transaction left open on a connection of its own (so that a
+  transaction pooler pins it to one server connection, which no other client
+  then shares). The server drops it when that connection ends: at once when
+  the process dies (its socket is closed), later when a network cut is noticed. Another engine checks with
   ``pg_try_advisory_xact_lock`` (held only to the end of its transaction).
   Since a live process can lose its connection too, its own heartbeat
   (:meth:`AdvisoryLiveness.check`, every second) tells the engine to cancel
@@ -257,8 +258,13 @@ def _share(target: int | Path, mode: int, group: int | None) -> None:
     os.chmod(target, mode)
 
 
+def _in_transaction(conn: Any) -> bool:
+    """Whether ``conn`` (psycopg) is still in the transaction that holds the lock (not ended, not failed)."""
+    return getattr(conn.info.transaction_status, "name", "") == "INTRANS"
+
+
 class AdvisoryLiveness:
-    """A session-level advisory lock, held on a connection of its own."""
+    """A transaction-level advisory lock, held in a transaction that stays open on a connection of its own."""
 
     grace = ADVISORY_GRACE
 
@@ -298,10 +304,18 @@ class AdvisoryLiveness:
         conn = self._connect()
         try:
             for _ in range(50):
+                # Held in a transaction that stays open: a transaction pooler (PgBouncer) pins it to one
+                # server connection, where no other client runs. A session-level lock would stay on a
+                # pooled server connection, where another engine's probe gets it too (advisory locks are
+                # re-entrant per server session) and takes this live engine for dead. The transaction
+                # takes no snapshot between statements and writes nothing: it holds back no vacuum.
+                conn.execute("BEGIN")
+                conn.execute("SET LOCAL idle_in_transaction_session_timeout = 0")  # idle between heartbeats
                 # Another engine may hold it for a moment (checking whether this one is alive).
-                if conn.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_key,)).fetchone()[0]:
+                if conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (self.lock_key,)).fetchone()[0]:
                     self._conn = conn
                     return
+                conn.execute("ROLLBACK")
                 threading.Event().wait(0.1)
             raise RuntimeError(f"the advisory lock {self.lock_key} stayed taken")
         except BaseException:
@@ -335,7 +349,7 @@ class AdvisoryLiveness:
 
     def _check(self) -> bool:
         try:
-            if self._conn is not None and not self._conn.broken:
+            if self._conn is not None and not self._conn.broken and _in_transaction(self._conn):
                 self._conn.execute("SELECT 1")
                 return True
         except Exception as exc:
