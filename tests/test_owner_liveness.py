@@ -157,3 +157,36 @@ async def test_a_reap_leaves_an_incarnation_registered_under_the_same_name_meanw
         ).fetchone()
     assert registered == [("restarted",)]  # the former incarnation, proved dead, is gone; the restart is not
     assert lease_left > 500  # the restart keeps the session it took
+
+
+async def test_a_reap_passes_over_claims_another_transaction_holds_and_comes_back_for_them(pg_url) -> None:
+    claim = (
+        "INSERT INTO retain_outbox (session_id, first_seq, last_seq, mode, key, episodes, created_at, claimed_by, "
+        "claim_until) VALUES (%s, 1, 1, 'append', %s, '[]', 0, 'remote', extract(epoch from clock_timestamp()) + 600) "
+        "RETURNING id"
+    )
+    with anyio.fail_after(60):
+        async with open_engine(pg_url, config=CONFIG, owner="survivor") as engine:
+            with psycopg.connect(pg_url, autocommit=True) as setup, psycopg.connect(pg_url) as locking:
+                setup.execute(
+                    "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at, dead_since) "
+                    "VALUES ('gone', 'remote', 12345, 'elsewhere/boot', 1, 0, 0)"  # dead long past the grace
+                )
+                (locked,) = setup.execute(claim, ("s", "k1")).fetchone()
+                (free,) = setup.execute(claim, ("t", "k2")).fetchone()
+                locking.execute("SELECT 1 FROM retain_outbox WHERE id = %s FOR UPDATE", (locked,))  # held, not ended
+
+                def claims() -> dict[int, bool]:
+                    rows = setup.execute(
+                        "SELECT id, claim_until > extract(epoch from clock_timestamp()) FROM retain_outbox"
+                    ).fetchall()
+                    return dict(rows)
+
+                first = await engine.store.reap_dead_owners(["remote"])  # never waits for the locked row
+                assert first.owners == ("remote",) and first.waiting
+                assert claims() == {locked: True, free: False}
+                assert setup.execute("SELECT count(*) FROM engine_owners WHERE owner = 'remote'").fetchone() == (1,)
+                locking.rollback()
+                await engine.store.reap_dead_owners(["remote"])  # (or the watcher did, committed before it)
+                assert claims() == {locked: False, free: False}
+                assert setup.execute("SELECT count(*) FROM engine_owners WHERE owner = 'remote'").fetchone() == (0,)

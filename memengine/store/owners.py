@@ -231,6 +231,9 @@ def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
         # a restart under its name registered meanwhile: that one took them back by name, and lives.
         # (PostgreSQL: each statement sees the registrations committed before it started; SQLite: no meanwhile.)
         no_restart = f"NOT EXISTS (SELECT 1 FROM engine_owners WHERE owner = ? AND NOT {these})"
+        # Rows another transaction holds locked are passed over, never waited for (that transaction may
+        # belong to a frozen process; every heartbeat of this engine would wait with it): the registration
+        # stays, and the next reap comes back for them.
         db.execute(
             "UPDATE session_leases SET expires_at = {now} WHERE session_id IN ("
             "  SELECT session_id FROM session_leases WHERE owner = ? AND expires_at > {now}{skip_locked}) "
@@ -238,11 +241,20 @@ def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
             (owner, owner, *names),
         )
         db.execute(
-            "UPDATE retain_outbox SET claim_until = {now} WHERE claimed_by = ? AND claim_until > {now} "
+            "UPDATE retain_outbox SET claim_until = {now} WHERE id IN ("
+            "  SELECT id FROM retain_outbox WHERE claimed_by = ? AND claim_until > {now}{skip_locked}) "
             f"AND {no_restart}",
             (owner, owner, *names),
         )
-        db.execute(f"DELETE FROM engine_owners WHERE {these}", names)
         reaped.append(owner)
+        left = db.execute(
+            "SELECT EXISTS (SELECT 1 FROM session_leases WHERE owner = ? AND expires_at > {now}) "
+            "OR EXISTS (SELECT 1 FROM retain_outbox WHERE claimed_by = ? AND claim_until > {now})",
+            (owner, owner),
+        ).fetchone()[0]
+        if left and db.execute(f"SELECT {no_restart}", (owner, *names)).fetchone()[0]:
+            waiting = True  # some were locked: released at the next reap
+            continue
+        db.execute(f"DELETE FROM engine_owners WHERE {these}", names)
         unregistered.extend(names)
     return Reaped(tuple(reaped), waiting, others=True, incarnations=tuple(unregistered))
