@@ -31,12 +31,17 @@ WANTING = SessionConfig(passivate_after=None, lease_wait=LEASE_WAIT)
 
 
 async def test_an_engine_does_not_take_a_session_from_a_live_engine(store_url: str) -> None:
+    await assert_a_live_engine_keeps_its_session(store_url, WANTING)
+
+
+async def assert_a_live_engine_keeps_its_session(url: str, wanting: SessionConfig) -> None:
+    """Engine a holds session "s" with a summary in flight; engine b, its grace short, wants it: b is refused."""
     summarizer = GatedSummarizer()
-    with anyio.fail_after(60):
-        async with open_engine(store_url, config=HOLDING, owner="a", summarizer=summarizer) as a:
+    with anyio.fail_after(120):
+        async with open_engine(url, config=HOLDING, owner="a", summarizer=summarizer) as a:
             await a.session("s").add([Episode("user", "from a"), Episode("user", "evicted")])
             await summarizer.wait_until_called()  # in flight: a keeps the session (store/handover.py)
-            async with open_engine(store_url, config=WANTING, owner="b") as b:
+            async with open_engine(url, config=wanting, owner="b") as b:
                 liveness = b.store._liveness  # type: ignore[attr-defined]
                 assert liveness is not None, "b holds no liveness lock: this test would prove nothing"
                 liveness.grace = min(liveness.grace, SHORT_GRACE)

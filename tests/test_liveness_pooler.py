@@ -24,13 +24,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import pytest
 
-from memengine import Episode, SessionBusyError, SessionConfig, open_engine
+from memengine import SessionConfig
 
 from .conftest import POSTGRES_SERVER, postgres_unreachable
-from .fakes import GatedSummarizer
+from .test_false_death import assert_a_live_engine_keeps_its_session
 
 pytestmark = pytest.mark.anyio
 
@@ -110,24 +109,9 @@ def pgbouncer_url() -> Iterator[str]:
             conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 
-HOLDING = SessionConfig(passivate_after=None, max_episodes=1, evict_to=1.0)
 #: Many of the other engine's heartbeats: each probes on whichever server connection the pooler hands it.
 WANTING = SessionConfig(passivate_after=None, lease_wait=20.0)
 
 
 async def test_a_live_engine_behind_a_transaction_pooler_keeps_its_session(pgbouncer_url: str) -> None:
-    summarizer = GatedSummarizer()
-    with anyio.fail_after(120):
-        async with open_engine(pgbouncer_url, config=HOLDING, owner="a", summarizer=summarizer) as a:
-            await a.session("s").add([Episode("user", "from a"), Episode("user", "evicted")])
-            await summarizer.wait_until_called()  # in flight: a keeps the session (store/handover.py)
-            async with open_engine(pgbouncer_url, config=WANTING, owner="b") as b:
-                liveness = b.store._liveness  # type: ignore[attr-defined]
-                assert liveness is not None, "b holds no liveness lock: this test would prove nothing"
-                liveness.grace = 0.2  # 5 s in production
-                with pytest.raises(SessionBusyError) as busy:
-                    await b.session("s").add([Episode("user", "from b")])
-                assert busy.value.owner == "a"
-            (episode,) = await a.session("s").add([Episode("user", "a again")])
-            assert episode.seq == 3  # a never lost the session
-            summarizer.release()
+    await assert_a_live_engine_keeps_its_session(pgbouncer_url, WANTING)
