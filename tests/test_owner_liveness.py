@@ -14,7 +14,7 @@ import anyio
 import psycopg
 import pytest
 
-from memengine import Episode, SessionBusyError, SessionConfig, open_engine
+from memengine import Episode, LeaseLostError, SessionBusyError, SessionConfig, open_engine
 
 from .conftest import postgres_schema, postgres_unreachable
 from .fakes import GatedSummarizer
@@ -190,3 +190,42 @@ async def test_a_reap_passes_over_claims_another_transaction_holds_and_comes_bac
                 await engine.store.reap_dead_owners(["remote"])  # (or the watcher did, committed before it)
                 assert claims() == {locked: False, free: False}
                 assert setup.execute("SELECT count(*) FROM engine_owners WHERE owner = 'remote'").fetchone() == (0,)
+
+
+async def test_an_engine_reaped_while_its_lock_was_lost_does_not_answer_from_memory_after_taking_it_back(
+    pg_url,
+) -> None:
+    """Lost lock, reaped meanwhile, lock taken back: its sessions may be another's now; memory is not the store."""
+    long_lease = SessionConfig(passivate_after=None, lease_wait=0.5, lease_ttl=60.0)  # no renewal round meanwhile
+    with anyio.fail_after(60):
+        async with (
+            open_engine(pg_url, config=long_lease, owner="a") as a,
+            open_engine(pg_url, config=long_lease, owner="b") as b,
+        ):
+            await a.session("s").add([Episode("user", "from a")])
+            b.store._liveness.grace = 0.0  # type: ignore[attr-defined]  # b reaps what it finds dead at once
+            key = a.store._liveness.lock_key  # type: ignore[attr-defined]
+            while True:  # a takes its lock back within a heartbeat: b must reap it before
+                terminate_liveness_backend(pg_url, key)
+                if (await b.store.reap_dead_owners(["a"])).owners == ("a",):
+                    break
+                await anyio.sleep(0.01)
+            await b.session("s").add([Episode("user", "from b")])  # a's session is b's now
+            await a.store.keep_alive()  # a takes its lock back (or its heartbeat did)
+            assert held_by_server(pg_url, key)
+            try:
+                context = await a.session("s").context()
+            except (LeaseLostError, SessionBusyError):
+                return  # refused: b has it
+            assert [episode.content for episode in context.episodes] == ["from a", "from b"]  # or read afresh
+
+
+def held_by_server(url: str, lock_key: int) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return bool(
+            conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND ((classid::bigint << 32) | objid::bigint) = %s AND objsubid = 1",
+                (lock_key,),
+            ).fetchone()[0]
+        )

@@ -191,6 +191,8 @@ class GroupCommitStore:
         self._reconnected = False  # whether the batch being committed already got a new connection
         self._liveness: owners.Liveness | None = None  # once held (see start_liveness)
         self._alive_until = math.inf  # see alive_until
+        self._reaped_until = -math.inf  # reaped while its lock was lost: memory is not the store until then
+        self._longest_ttl = 0.0  # of the leases this store took (see keep_alive)
         self._liveness_slot = anyio.CapacityLimiter(1)
         self._close_by: float | None = None  # time.monotonic() by which closing ends (see _closing_wait)
 
@@ -802,6 +804,7 @@ class GroupCommitStore:
     # -- sessions --------------------------------------------------------------
 
     async def activate(self, session_id: str, ttl: float) -> tuple[int, SessionSnapshot]:
+        self._longest_ttl = max(self._longest_ttl, ttl)
         activated = await self._submit(lambda db: journal.activate(db, session_id, self.owner, ttl))
         if isinstance(activated, SessionBusyError):
             raise activated
@@ -847,6 +850,8 @@ class GroupCommitStore:
         self._alive_until = self._alive_after(asked_at)
 
     def alive_until(self) -> float:
+        if anyio.current_time() < self._reaped_until:
+            return -math.inf  # every read renews its lease first: those reaped fail (keep_alive)
         return self._alive_until
 
     def _alive_after(self, asked_at: float) -> float:
@@ -870,7 +875,12 @@ class GroupCommitStore:
         asked_at = anyio.current_time()
         held = await anyio.to_thread.run_sync(liveness.check, limiter=self._liveness_slot, abandon_on_cancel=True)
         if not held:
-            await self._submit(lambda db: owners.register(db, self.owner, liveness))  # back among the living
+            # Back among the living. If it was reaped meanwhile, its leases may have been released and taken:
+            # no lease known valid by this process's clock before now may be counted on. Every one was
+            # renewed before now and lasts at most the longest ttl: until then, every read renews first.
+            if not await self._submit(lambda db: owners.register(db, self.owner, liveness)):
+                self._reaped_until = anyio.current_time() + self._longest_ttl
+                log.warning("this engine was taken for dead while its liveness lock was lost: checking its leases")
             asked_at = anyio.current_time()  # counted from now: it was not held all along
         self._alive_until = self._alive_after(asked_at)
         return bool(held)

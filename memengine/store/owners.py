@@ -161,13 +161,23 @@ def process_gone(host: str, pid: int) -> bool:
     return state in ("Z", "X")  # killed, not yet reaped by its parent
 
 
-def register(db: Db, owner: str, liveness: Liveness) -> None:
-    """Record this engine as running (again, after its lock was lost and taken back)."""
+def register(db: Db, owner: str, liveness: Liveness) -> bool:
+    """Record this engine as running (again, after its lock was lost and taken back); whether it still was.
+
+    Not still registered, after a lost lock, means reaped meanwhile: its
+    leases may have been released and its sessions taken by others.
+    """
+    # Locked: a reap of this incarnation under way is waited for, and counts.
+    registered = (
+        db.execute("SELECT 1 FROM engine_owners WHERE incarnation = ?{for_update}", (liveness.incarnation,)).fetchone()
+        is not None
+    )
     db.execute(
         "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at) "
         "VALUES (?, ?, ?, ?, ?, {now}) ON CONFLICT (incarnation) DO UPDATE SET dead_since = NULL",
         (liveness.incarnation, owner, liveness.lock_key, this_host(), os.getpid()),
     )
+    return registered
 
 
 def unregister(db: Db, liveness: Liveness) -> None:
