@@ -115,3 +115,20 @@ WANTING = SessionConfig(passivate_after=None, lease_wait=20.0)
 
 async def test_a_live_engine_behind_a_transaction_pooler_keeps_its_session(pgbouncer_url: str) -> None:
     await assert_a_live_engine_keeps_its_session(pgbouncer_url, WANTING)
+
+
+def test_a_killed_engine_behind_a_transaction_pooler_is_taken_over_at_once(pgbouncer_url: str) -> None:
+    """The pooler ends the server connection of a client gone mid-transaction: the lock ends with the process."""
+    from .test_liveness_proof import Worker
+
+    holder = Worker("hold", pgbouncer_url, "--lease-ttl", "600")  # only proof of death frees its session
+    wanter = None
+    try:
+        holder.wait_for("holding")
+        holder.kill()
+        wanter = Worker("want", pgbouncer_url, "--lease-wait", "60")
+        assert wanter.outcome() == {"op": "took", "seq": 3}
+    finally:
+        for worker in (holder, wanter):
+            if worker is not None:
+                worker.stop()

@@ -90,11 +90,16 @@ class Worker:
             self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
-    def kill_children(self) -> None:
+    def stop(self) -> None:
+        """Killed, with every child it forked, and its pipes closed."""
+        self.kill()
         for record in self.seen:
             if record["op"] == "forked":
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(record["child"], signal.SIGKILL)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
 
 
 @pytest.fixture
@@ -102,11 +107,7 @@ def workers() -> Iterator[list[Worker]]:
     started: list[Worker] = []
     yield started
     for worker in started:
-        worker.kill()
-        worker.kill_children()
-        for stream in (worker.process.stdout, worker.process.stderr):
-            if stream is not None:
-                stream.close()
+        worker.stop()
 
 
 def holding(workers: list[Worker], store: str, *args: str, **popen: Any) -> dict[str, Any]:
