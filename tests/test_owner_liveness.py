@@ -1,6 +1,6 @@
 """Owner liveness on PostgreSQL, where a live process can lose its lock (store/owners.py, store/liveness.py).
 
-A session-level advisory lock ends with its connection: when a process dies,
+An advisory lock held by an open transaction ends with its connection: when a process dies,
 but also when only its connection was dropped (a killed backend, a server
 restart). So what another process finds dead on PostgreSQL is released only
 after a grace, unless it is a process of the same machine whose pid is gone;

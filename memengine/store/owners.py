@@ -1,11 +1,13 @@
 """The running engines, and what a dead one held: released at once, not when its leases expire.
 
 Each engine registers one row while it runs: its owner name (what its leases
-and retain claims carry), a random incarnation id, and the key of a lock that
-says it is alive (store/liveness.py): a file lock beside a SQLite file, a
-session-level advisory lock on PostgreSQL. The operating system or the
-database server ends that lock when the process dies (kill -9 and OOM
-included), never a clock.
+and retain claims carry), an incarnation id (SQLite: its lock file's path),
+and the key of a lock that says it is alive (store/liveness.py): a file lock
+beside a SQLite file, an advisory lock held by an open transaction on
+PostgreSQL. The operating system or the database server ends that lock when
+the process dies (kill -9 and OOM included), never a clock. Death is
+declared only on proof: a lock found free, or a pid gone from this very
+process table; what cannot be told is alive, and the leases decide.
 
 An owner name is dead when it has registered incarnations and none of them
 holds its lock. Then another engine *reaps* it, in one transaction that checks
