@@ -221,6 +221,16 @@ class RawWindow:
         """
         self._expected = counts
 
+    def uncounted(self, episodes: Iterable[Episode]) -> list[str]:
+        """The contents of ``episodes`` a :meth:`reset` to them would count (those it does not hold counted).
+
+        A delete can bring back episodes a summary covered (it deletes the
+        summaries through what it deletes): their large contents are to be
+        counted off the event loop, as at activation, and handed in by :meth:`expect`.
+        """
+        held = {(episode.seq, episode.id) for episode in self.raw}
+        return [episode.content for episode in episodes if (episode.seq, episode.id) not in held]
+
     def drop_through(self, seq: int) -> int:
         """Forget the episodes now covered by a summary through ``seq``; return how many."""
         raw = self.raw
