@@ -351,6 +351,8 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
                 piece = pieces_of_call[call]
                 piece.parts.remove(shapes[call[0]].parts[call[1]])
                 piece.whole = False
+                if not piece.parts:
+                    _leave_out_reasoning_before(plan, piece)
             elif result not in done and result[0] >= upto:
                 later.setdefault(result[0], []).append(result[1])
         for index in sorted(later):
@@ -389,6 +391,20 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
     return plan
 
 
+def _leave_out_reasoning_before(plan: list[_Piece], piece: _Piece) -> None:
+    """Leave out a Responses reasoning item rendered right before ``piece``, which is left out.
+
+    The API refuses a reasoning item without the item that followed it in the
+    model's output (a 400, "provided without its required following item").
+    """
+    at = next(number for number, planned in enumerate(plan) if planned is piece)
+    before = plan[at - 1] if at else None
+    if before is not None and before.whole and not before.parts and before.shape.kind == "responses":
+        native = before.shape.native
+        if native is not None and native.get("type") == "reasoning":
+            before.whole = False  # no parts, not whole: rendered as nothing
+
+
 def _has_non_result(message: dict[str, Any]) -> bool:
     return any(block.get("type") != "tool_result" for block in message["content"])
 
@@ -418,10 +434,6 @@ def json_copy(value: Any) -> Any:
 
 def _results_in(parts: tuple[_Part, ...]) -> list[int]:
     return [number for number, part in enumerate(parts) if isinstance(part, _Result)]
-
-
-def _shapes(episodes: tuple[Episode, ...]) -> list[_Shape]:
-    return [_shape(episode) for episode in episodes]
 
 
 def _shape(episode: Episode) -> _Shape:

@@ -47,6 +47,10 @@ def assert_valid_responses(items: list[dict[str, Any]]) -> None:
             assert item["role"] in {"system", "developer", "user", "assistant"}
         else:
             assert isinstance(item.get("type"), str)  # another Responses item (reasoning, ...)
+    for item, following in zip(items, [*items[1:], None], strict=True):
+        if item.get("type") == "reasoning":
+            # The API refuses a reasoning item without the item it preceded in the model's output (400).
+            assert following is not None and following.get("type") != "reasoning", f"dangling reasoning in {items}"
     trailing = {item["call_id"] for item in items[-1:] if item.get("type") == "function_call"}
     assert called - answered <= trailing, f"unanswered calls in {items}"
 
@@ -417,3 +421,23 @@ def test_a_message_renders_by_its_own_shape_whichever_key_holds_it() -> None:
         assert ctx.to_openai_chat()[1]["tool_calls"] == [WEATHER_CALL]
         assert ctx.to_openai_chat()[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
         assert_valid_everywhere(ctx)
+
+
+def test_a_reasoning_item_is_left_out_with_the_call_it_preceded() -> None:
+    # A reasoning model's turn: reasoning, then its call. The call's output was deleted and the
+    # conversation went on, so the call is left out; the reasoning before it must go with it: the
+    # Responses API refuses a reasoning item without its following item.
+    episodes = agent_episodes()
+    del episodes[3]  # the function_call_output
+    ctx = context(*episodes)
+    items = ctx.to_openai_responses()
+    assert [item.get("type") or item["role"] for item in items] == ["user", "message"]
+    assert_valid_everywhere(ctx)
+    # Kept while the call is the last turn (its output may still come), and when it is answered.
+    waiting = context(*agent_episodes()[:3])
+    assert [item.get("type") or item["role"] for item in waiting.to_openai_responses()] == [
+        "user",
+        "reasoning",
+        "function_call",
+    ]
+    assert len(context(*agent_episodes()).to_openai_responses()) == len(AGENT_ITEMS)
