@@ -523,6 +523,25 @@ def _responses_item(episode: Episode) -> dict[str, Any] | None:
     return None
 
 
+def is_reasoning(episode: Episode) -> bool:
+    """Whether ``episode`` holds a Responses ``reasoning`` item (as MemEngineSession keeps it, or under ``item``).
+
+    The API takes a reasoning item only together with the item that followed
+    it in the model's output, and refuses that item without it: the window
+    keeps a reasoning item and the call after it together.
+    """
+    metadata = episode.metadata
+    if not metadata:
+        return False
+    if metadata.get(AGENTS_ITEM_IN_CONTENT_KEY) and '"reasoning"' not in episode.content:
+        return False  # (a large item kept as JSON in the content: parsed only if it may be one)
+    item = _responses_item(episode)
+    if item is None:
+        nested = [metadata.get(key) for key in ("item", "raw")]
+        item = next((value for value in nested if isinstance(value, dict)), metadata)
+    return item.get("type") == "reasoning"
+
+
 def _is_anthropic(message: Mapping[str, Any]) -> bool:
     content = message.get("content")
     if "tool_calls" in message or "tool_call_id" in message or not isinstance(content, list):

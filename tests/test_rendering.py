@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -10,6 +11,8 @@ import pytest
 from memengine import Context, Episode, SessionConfig, open_engine
 from memengine.rendering import SUMMARY_PREFIX
 from memengine.tool_calls import answering, calling
+
+from .fakes import RecordingSummarizer
 
 
 def context(*episodes: Episode, summary: str | None = None) -> Context:
@@ -441,3 +444,46 @@ def test_a_reasoning_item_is_left_out_with_the_call_it_preceded() -> None:
         "function_call",
     ]
     assert len(context(*agent_episodes()).to_openai_responses()) == len(AGENT_ITEMS)
+
+
+def reasoning_turn(turn: int) -> list[Episode]:
+    """A reasoning model's turn as MemEngineSession stores it: question, reasoning, call, output, answer."""
+    call_id = f"call_{turn}"
+    items = [
+        {"role": "user", "content": f"question {turn}"},
+        {"type": "reasoning", "id": f"rs_{turn}", "summary": []},
+        {"type": "function_call", "id": f"fc_{turn}", "call_id": call_id, "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": call_id, "output": f"out {turn}"},
+        {"role": "assistant", "content": f"answer {turn}"},
+    ]
+    return [
+        Episode(
+            item.get("role") or item["type"], f"item {turn}.{n}", metadata={"openai_agents.item": item, **_links(item)}
+        )
+        for n, item in enumerate(items)
+    ]
+
+
+def assert_calls_keep_their_reasoning(items: list[dict[str, Any]]) -> None:
+    for before, item in itertools.pairwise(items):
+        if item.get("type") == "function_call":
+            assert before.get("id") == item["id"].replace("fc_", "rs_"), f"{item['id']} without its reasoning: {items}"
+    assert items[0].get("type") != "function_call", f"{items[0]['id']} without its reasoning: {items}"
+
+
+@pytest.mark.anyio
+async def test_a_call_is_never_shown_without_the_reasoning_item_before_it(store_url) -> None:
+    # The Responses API refuses a function_call without the reasoning item that preceded it (400,
+    # "provided without its required 'reasoning' item"): neither the window nor a summary parts them.
+    for max_episodes in (2, 3, 4, 6):
+        config = SessionConfig(max_episodes=max_episodes, evict_to=0.5, max_chars=100_000)
+        session_id = f"s{max_episodes}"
+        async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
+            session = engine.session(session_id)
+            for turn in range(6):
+                for episode in reasoning_turn(turn):
+                    await session.add([episode])
+                    assert_calls_keep_their_reasoning((await session.context()).to_openai_responses())
+                assert_calls_keep_their_reasoning((await session.context(wait_for_summary=True)).to_openai_responses())
+        async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
+            assert_calls_keep_their_reasoning((await engine.session(session_id).context()).to_openai_responses())

@@ -19,7 +19,9 @@ summary. Three rules decide where the window starts:
   still unanswered (ids may be reused, ``call_0`` every turn), else the
   newest call of its id (a second result). A call whose result was deleted
   waits no more: a seq missing after it (seqs are never reused) says that
-  something after it was deleted, and it no longer holds the window.
+  something after it was deleted, and it no longer holds the window. A
+  Responses reasoning item right before a call belongs to the call's group:
+  the API refuses the call without it.
 - **Boundaries are kept.** Once evicted, an episode stays evicted: the
   boundary is stored (``evicted_through``), and a session loaded again shows
   the window it had.
@@ -48,6 +50,7 @@ import attrs
 from ..attachments import counting_attachments, metadata_tokens
 from ..config import SessionConfig
 from ..episode import Episode
+from ..rendering import is_reasoning
 from ..tokens import Tokenizer, checked, estimate_tokens
 from ..tool_calls import NO_LINKS, ToolLinks, tool_links
 
@@ -335,6 +338,9 @@ class RawWindow:
             self._last_seq = episode.seq
         if links:
             self._pair(links, position)
+            if links.calls and len(self.raw) > 1 and is_reasoning(self.raw[-2]):
+                # A reasoning item and the call after it go together: the API refuses the call without it.
+                self._reach[-2] = max(self._reach[-2], position)
         self._window_chars += chars
         self._window_tokens += tokens
         return links
