@@ -528,7 +528,7 @@ def is_reasoning(episode: Episode) -> bool:
 
     The API takes a reasoning item only together with the item that followed
     it in the model's output, and refuses that item without it: the window
-    keeps a reasoning item and the call after it together.
+    keeps a reasoning item and the item after it together.
     """
     metadata = episode.metadata
     if not metadata:

@@ -454,7 +454,8 @@ def reasoning_turn(turn: int) -> list[Episode]:
         {"type": "reasoning", "id": f"rs_{turn}", "summary": []},
         {"type": "function_call", "id": f"fc_{turn}", "call_id": call_id, "name": "f", "arguments": "{}"},
         {"type": "function_call_output", "call_id": call_id, "output": f"out {turn}"},
-        {"role": "assistant", "content": f"answer {turn}"},
+        {"type": "reasoning", "id": f"rs_{turn}b", "summary": []},
+        {"type": "message", "id": f"msg_{turn}", "role": "assistant", "content": f"answer {turn}"},
     ]
     return [
         Episode(
@@ -465,17 +466,24 @@ def reasoning_turn(turn: int) -> list[Episode]:
 
 
 def assert_calls_keep_their_reasoning(items: list[dict[str, Any]]) -> None:
+    """Each call and answer is right after its reasoning item (its id's turn), and each reasoning item before it."""
     for before, item in itertools.pairwise(items):
-        if item.get("type") == "function_call":
-            assert before.get("id") == item["id"].replace("fc_", "rs_"), f"{item['id']} without its reasoning: {items}"
-    assert items[0].get("type") != "function_call", f"{items[0]['id']} without its reasoning: {items}"
+        if item.get("type") in ("function_call", "message"):
+            reasoning = item["id"].replace("fc_", "rs_").replace("msg_", "rs_") + (
+                "b" if item["type"] == "message" else ""
+            )
+            assert before.get("id") == reasoning, f"{item['id']} without its reasoning: {items}"
+        if before.get("type") == "reasoning":
+            assert item.get("type") in ("function_call", "message"), f"{before['id']} without its item: {items}"
+    assert items[0].get("type") not in ("function_call", "message"), f"{items[0]['id']} without its reasoning: {items}"
 
 
 @pytest.mark.anyio
-async def test_a_call_is_never_shown_without_the_reasoning_item_before_it(store_url) -> None:
-    # The Responses API refuses a function_call without the reasoning item that preceded it (400,
-    # "provided without its required 'reasoning' item"): neither the window nor a summary parts them.
-    for max_episodes in (2, 3, 4, 6):
+async def test_a_call_or_answer_is_never_shown_without_the_reasoning_item_before_it(store_url) -> None:
+    # The Responses API refuses a function_call or message without the reasoning item that preceded it
+    # (400, "provided without its required 'reasoning' item"), and a reasoning item without the item
+    # after it: neither the window nor a summary parts them.
+    for max_episodes in (2, 3, 4, 5, 6, 7):
         config = SessionConfig(max_episodes=max_episodes, evict_to=0.5, max_chars=100_000)
         session_id = f"s{max_episodes}"
         async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:

@@ -328,10 +328,10 @@ def agents_item(seq: int, item: dict) -> Episode:
     return numbered(item.get("role") or item["type"], f"item {seq}", seq=seq, metadata=metadata)
 
 
-def test_the_window_never_starts_between_a_reasoning_item_and_the_call_after_it() -> None:
-    # A reasoning model's turn: reasoning, then its call. The Responses API refuses the call without
-    # its reasoning item (400, "function_call ... was provided without its required 'reasoning' item"),
-    # so a cut between them would leave the raw window an invalid request.
+def test_the_window_never_starts_between_a_reasoning_item_and_the_item_after_it() -> None:
+    # A reasoning model's turn: reasoning, then its call or message. The Responses API refuses that item
+    # without its reasoning item (400, "... was provided without its required 'reasoning' item"), and the
+    # reasoning item without it: a cut between them would leave the raw window an invalid request.
     for max_episodes, evict_to in itertools.product(range(2, 9), (0.25, 0.5, 0.75)):
         window = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
         seq = itertools.count(1)
@@ -342,7 +342,8 @@ def test_the_window_never_starts_between_a_reasoning_item_and_the_call_after_it(
                 {"type": "reasoning", "id": f"rs_{turn}", "summary": []},
                 {"type": "function_call", "id": f"fc_{turn}", "call_id": call_id, "name": "f", "arguments": "{}"},
                 {"type": "function_call_output", "call_id": call_id, "output": "ok"},
-                {"role": "assistant", "content": f"answer {turn}"},
+                {"type": "reasoning", "id": f"rs_{turn}b", "summary": []},
+                {"type": "message", "id": f"msg_{turn}", "role": "assistant", "content": f"answer {turn}"},
             ]
             for item in items:
                 window.append([agents_item(next(seq), item)])
