@@ -531,15 +531,20 @@ def is_reasoning(episode: Episode) -> bool:
     keeps a reasoning item and the item after it together.
     """
     metadata = episode.metadata
-    if not metadata:
-        return False
-    if metadata.get(AGENTS_ITEM_IN_CONTENT_KEY) and '"reasoning"' not in episode.content:
-        return False  # (a large item kept as JSON in the content: parsed only if it may be one)
-    item = _responses_item(episode)
-    if item is None:
-        nested = [metadata.get(key) for key in ("item", "raw")]
-        item = next((value for value in nested if isinstance(value, dict)), metadata)
-    return item.get("type") == "reasoning"
+    if not metadata or _REASONING_KEYS.isdisjoint(metadata):
+        return False  # (the usual case: one C-level pass)
+    for key in _REASONING_NESTED_KEYS:
+        nested = metadata.get(key)
+        if isinstance(nested, dict):
+            return nested.get("type") == "reasoning"
+    if metadata.get(AGENTS_ITEM_IN_CONTENT_KEY) and '"reasoning"' in episode.content:
+        item = _responses_item(episode)  # a large item kept as JSON in the content
+        return item is not None and item.get("type") == "reasoning"
+    return metadata.get("type") == "reasoning"
+
+
+_REASONING_NESTED_KEYS = (AGENTS_ITEM_KEY, "item", "raw")
+_REASONING_KEYS = frozenset({*_REASONING_NESTED_KEYS, AGENTS_ITEM_IN_CONTENT_KEY, "type"})
 
 
 def _is_anthropic(message: Mapping[str, Any]) -> bool:
