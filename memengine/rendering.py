@@ -229,7 +229,28 @@ def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
                 )
             else:
                 items.append({"type": "function_call_output", "call_id": part.call_id, "output": part.output})
-    return items
+    return _without_dangling_reasoning(items)
+
+
+def _without_dangling_reasoning(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` without a reasoning item that no model output follows (its own was deleted, or popped).
+
+    The API refuses a reasoning item without the item that followed it in
+    the model's output; here it would be followed by a user's message, a
+    tool's output, or nothing.
+    """
+    if not any(item.get("type") == "reasoning" for item in items):
+        return items
+    kept = []
+    for item, following in zip(items, [*items[1:], None], strict=True):
+        if item.get("type") == "reasoning" and (
+            following is None
+            or following.get("role") in ("user", "system", "developer")
+            or str(following.get("type", "")).endswith("_output")
+        ):
+            continue
+        kept.append(item)
+    return kept
 
 
 def to_anthropic(context: Renderable) -> dict[str, Any]:

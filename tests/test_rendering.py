@@ -495,3 +495,17 @@ async def test_a_call_or_answer_is_never_shown_without_the_reasoning_item_before
                 assert_calls_keep_their_reasoning((await session.context(wait_for_summary=True)).to_openai_responses())
         async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
             assert_calls_keep_their_reasoning((await engine.session(session_id).context()).to_openai_responses())
+
+
+def test_a_reasoning_item_whose_following_item_was_deleted_is_left_out() -> None:
+    # [question, reasoning, answer]: the answer was deleted (or popped) and a new question followed.
+    # The reasoning item would be followed by a user message, which the API refuses (400, "provided
+    # without its required following item"); nor may a request end with one.
+    turn = reasoning_turn(0)
+    question, reasoning, answer = turn[0], turn[4], turn[5]
+    followed_by_user = context(question, reasoning, Episode("user", "Another question"))
+    assert [item.get("type") or item["role"] for item in followed_by_user.to_openai_responses()] == ["user", "user"]
+    assert_valid_everywhere(followed_by_user)
+    assert [item.get("type") or item["role"] for item in context(question, reasoning).to_openai_responses()] == ["user"]
+    kept = context(question, reasoning, answer).to_openai_responses()
+    assert [item.get("type") or item["role"] for item in kept] == ["user", "reasoning", "message"]
