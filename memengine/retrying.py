@@ -122,6 +122,9 @@ def retry_delay(failures: int, attempts: int, backoff: float, backoff_max: float
     return policy.wait(state)
 
 
+_WAITING = tenacity.Retrying()  # only holds the state of a computed pause: nothing runs through it
+
+
 def doubling_pause(attempt: int, first: float, cap: float) -> float:
     """The pause after poll or try number ``attempt`` (from 1): ``first``, doubling, at most ``cap``.
 
@@ -129,7 +132,7 @@ def doubling_pause(attempt: int, first: float, cap: float) -> float:
     something to change (another owner's lease to lapse, a commit in doubt to
     settle) rather than for a failing call to recover.
     """
-    state = tenacity.RetryCallState(None, None, (), {})
+    state = tenacity.RetryCallState(_WAITING, None, (), {})
     state.attempt_number = attempt
     return tenacity.wait_exponential(multiplier=first, min=first, max=cap)(state)
 
