@@ -46,6 +46,13 @@ def _optional_callable(instance: object, attribute: attrs.Attribute[Any], value:
         raise TypeError(f"SessionConfig.{attribute.name} must be a callable (str -> int) or None, not {value!r}")
 
 
+def _clipping_from_dict(value: object) -> object:
+    """A recorded config (replay) holds the setting as a dict: it is read back as the class."""
+    if isinstance(value, dict):
+        return ToolClipping(**value)
+    return value
+
+
 def _optional_clipping(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, ToolClipping):
         raise TypeError(
@@ -172,4 +179,6 @@ class SessionConfig:
     lease_ttl: float = attrs.field(default=10.0, validator=_positive_seconds)
     lease_wait: float = attrs.field(default=12.0, validator=_non_negative_seconds)
     mailbox_capacity: int = attrs.field(default=1000, validator=_positive_int)
-    tool_clipping: ToolClipping | None = attrs.field(default=None, validator=_optional_clipping)
+    tool_clipping: ToolClipping | None = attrs.field(
+        default=None, converter=_clipping_from_dict, validator=_optional_clipping
+    )

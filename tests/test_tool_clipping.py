@@ -10,9 +10,13 @@ import pytest
 
 from memengine import Episode, SessionConfig, ToolClipping, open_engine
 from memengine.clipping import CLIP_MARKER, clip_episode
+from memengine.context import Context
 from memengine.episode import with_seq
+from memengine.rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY, to_anthropic, to_openai_responses
+from memengine.replay import recorded_config
 from memengine.session.window import Budget, window_of
 from memengine.tokens import estimate_tokens
+from memengine.tool_calls import RESULT_OF_KEY
 
 from .fakes import RecordingSink, fold
 
@@ -291,3 +295,47 @@ async def test_delete_clear_and_reload_keep_the_view_a_function_of_the_live_epis
         await session.add(exchange(1))
         cleared = await session.context()
     assert [e.content for e in cleared.episodes] == ["", BIG]
+
+
+@pytest.mark.anyio
+async def test_a_recorded_log_keeps_the_setting(tmp_path) -> None:
+    log = tmp_path / "messages.jsonl"
+    config = clipped_config()
+    async with open_engine(tmp_path / "memory.db", config=config, record_to=log) as engine:
+        await engine.session("s").add(exchange(2))
+    recorded = recorded_config(log)
+    assert recorded is not None and recorded.config.tool_clipping == CLIPPING and recorded.notes == ()
+
+
+def test_an_agents_sdk_item_kept_as_content_is_clipped_inside_its_json() -> None:
+    item = {"type": "function_call_output", "call_id": "c", "output": BIG}
+    episode = Episode("tool", json.dumps(item), metadata={AGENTS_ITEM_IN_CONTENT_KEY: True, RESULT_OF_KEY: "c"})
+    clipped = clip_episode(with_seq(episode, 3), CLIPPING)
+    assert clipped is not None
+    assert json.loads(clipped.content) == {**item, "output": shown_clipped(3)}
+    function_call = {"type": "function_call", "call_id": "c", "name": "read_file", "arguments": "{}"}
+    calling = with_seq(Episode("assistant", "read_file", metadata={AGENTS_ITEM_KEY: function_call}), 2)
+    rendered = to_openai_responses(Context("s", None, 0, (calling, clipped), 0))
+    assert rendered == [function_call, {**item, "output": shown_clipped(3)}]
+
+
+def test_native_messages_render_clipped_for_their_own_provider() -> None:
+    anthropic_call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "read", "input": {}}]}
+    anthropic_result = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "t", "content": BIG}],
+    }
+    episodes = stored(
+        [
+            Episode("assistant", "", metadata={"message": anthropic_call}),
+            Episode("user", "", metadata={"message": anthropic_result}),
+            *exchange(1),
+        ]
+    )
+    window = window_of(episodes, Budget(100, 10**6), 0.5, estimate_tokens, clipping=CLIPPING)
+    request = to_anthropic(Context("s", None, 0, tuple(window.raw), 0))
+    assert request["messages"][1] == {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "t", "content": shown_clipped(2)}],
+    }
+    assert episodes[1].metadata["message"] == anthropic_result  # the stored episode: whole
