@@ -3,10 +3,13 @@ what is stored, recalled, exported, retained and summarized is whole."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memengine import Episode, SessionConfig, ToolClipping, open_engine
 from memengine.clipping import CLIP_MARKER, clip_episode
@@ -14,7 +17,7 @@ from memengine.context import Context
 from memengine.episode import with_seq
 from memengine.rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY, to_anthropic, to_openai_responses
 from memengine.replay import recorded_config
-from memengine.session.window import Budget, window_of
+from memengine.session.window import Budget, RawWindow, window_of
 from memengine.tokens import estimate_tokens
 from memengine.tool_calls import RESULT_OF_KEY
 
@@ -339,3 +342,70 @@ def test_native_messages_render_clipped_for_their_own_provider() -> None:
         "content": [{"type": "tool_result", "tool_use_id": "t", "content": shown_clipped(2)}],
     }
     assert episodes[1].metadata["message"] == anthropic_result  # the stored episode: whole
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+kinds = st.one_of(
+    st.tuples(st.just("plain"), st.integers(1, 300)),
+    st.tuples(st.just("exchange"), st.integers(0, 300)),  # a call, then its result of that many characters
+)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.lists(kinds, min_size=1, max_size=4)),
+        st.tuples(st.just("summarize"), st.integers(1, 20)),
+        st.tuples(st.just("delete"), st.integers(0, 60)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_episodes=st.integers(1, 12),
+    max_chars=st.integers(50, 2000),
+    keep_turns=st.integers(1, 5),
+    evict_to=st.sampled_from([0.25, 0.5, 1.0]),
+    script=steps,
+)
+def test_the_view_is_always_the_clipped_live_episodes(max_episodes, max_chars, keep_turns, evict_to, script) -> None:
+    """Whatever the appends, summaries and deletes: each live tool result older than the newest
+    ``keep_turns`` is shown clipped, every other episode whole; the counts are those of what is shown;
+    the summarizer reads the episodes whole; a reload shows the same."""
+    clipping = ToolClipping(keep_turns=keep_turns, over_chars=100, head_chars=20, tail_chars=10)
+    budget = Budget(max_episodes, max_chars, None)
+    window = RawWindow(budget, evict_to, words, clipping)
+    seqs = itertools.count(1)
+    live: list[Episode] = []  # the session's live episodes after its summary, whole: what the store holds
+    for action, argument in script:
+        if action == "append":
+            new = []
+            for kind, size in argument:
+                if kind == "plain":
+                    new.append(with_seq(Episode("user", "word " * size), next(seqs)))
+                else:
+                    seq = next(seqs)
+                    new += [with_seq(call(f"c{seq}"), seq), with_seq(result(f"c{seq}", "x" * size or "y"), next(seqs))]
+            live += new
+            window.append(new)
+        elif action == "summarize" and window.evicted:
+            end = window.batch_end(argument, lambda episodes, chars, tokens: True)
+            window.drop_through(window.raw[end - 1].seq)  # type: ignore[arg-type]
+            live = live[end:]
+        elif action == "delete" and live:
+            del live[argument % len(live)]
+            window.reset(live, window.evicted_through or 0, last_seq=next(seqs))
+        old = len(live) - keep_turns
+        expected = [
+            (clip_episode(episode, clipping) or episode) if index < old else episode
+            for index, episode in enumerate(live)
+        ]
+        assert window.raw == expected
+        assert window.pending == live[: window.evicted]
+        assert window.sizes(window.evicted) == [(len(e.content), words(e.content)) for e in window.pending]
+        assert window.tokens == sum(words(e.content) for e in window.raw)
+        fresh = RawWindow(budget, evict_to, words, clipping)
+        fresh.reset(live, window.evicted_through or 0)
+        assert (fresh.raw, fresh.evicted, fresh.tokens) == (window.raw, window.evicted, window.tokens)
