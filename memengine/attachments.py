@@ -153,8 +153,8 @@ def _in_metadata(metadata: Mapping[str, Any]) -> list[DataUrl]:
 
 def _base64_source(value: Mapping[str, Any]) -> DataUrl | None:
     data = value.get("data")
-    if not isinstance(data, str) or len(data) < 64:
-        return None
+    if not isinstance(data, str) or len(data) < 64 or _base64_end(data, 0) != len(data):
+        return None  # (an application's own {"data": some text, "format": ...} is no attachment)
     media_type = value.get("media_type")
     if value.get("type") == "base64" and isinstance(media_type, str):
         return DataUrl(0, 0, media_type, len(data))

@@ -229,7 +229,28 @@ def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
                 )
             else:
                 items.append({"type": "function_call_output", "call_id": part.call_id, "output": part.output})
-    return items
+    return _without_dangling_reasoning(items)
+
+
+def _without_dangling_reasoning(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` without a reasoning item that no model output follows (its own was deleted, or popped).
+
+    The API refuses a reasoning item without the item that followed it in
+    the model's output; here it would be followed by a user's message, a
+    tool's output, or nothing.
+    """
+    if not any(item.get("type") == "reasoning" for item in items):
+        return items
+    kept = []
+    for item, following in zip(items, [*items[1:], None], strict=True):
+        if item.get("type") == "reasoning" and (
+            following is None
+            or following.get("role") in ("user", "system", "developer")
+            or str(following.get("type", "")).endswith("_output")
+        ):
+            continue
+        kept.append(item)
+    return kept
 
 
 def to_anthropic(context: Renderable) -> dict[str, Any]:
@@ -351,6 +372,8 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
                 piece = pieces_of_call[call]
                 piece.parts.remove(shapes[call[0]].parts[call[1]])
                 piece.whole = False
+                if not piece.parts:
+                    _leave_out_reasoning_before(plan, piece)
             elif result not in done and result[0] >= upto:
                 later.setdefault(result[0], []).append(result[1])
         for index in sorted(later):
@@ -389,6 +412,20 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
     return plan
 
 
+def _leave_out_reasoning_before(plan: list[_Piece], piece: _Piece) -> None:
+    """Leave out a Responses reasoning item rendered right before ``piece``, which is left out.
+
+    The API refuses a reasoning item without the item that followed it in the
+    model's output (a 400, "provided without its required following item").
+    """
+    at = next(number for number, planned in enumerate(plan) if planned is piece)
+    before = plan[at - 1] if at else None
+    if before is not None and before.whole and not before.parts and before.shape.kind == "responses":
+        native = before.shape.native
+        if native is not None and native.get("type") == "reasoning":
+            before.whole = False  # no parts, not whole: rendered as nothing
+
+
 def _has_non_result(message: dict[str, Any]) -> bool:
     return any(block.get("type") != "tool_result" for block in message["content"])
 
@@ -418,10 +455,6 @@ def json_copy(value: Any) -> Any:
 
 def _results_in(parts: tuple[_Part, ...]) -> list[int]:
     return [number for number, part in enumerate(parts) if isinstance(part, _Result)]
-
-
-def _shapes(episodes: tuple[Episode, ...]) -> list[_Shape]:
-    return [_shape(episode) for episode in episodes]
 
 
 def _shape(episode: Episode) -> _Shape:
@@ -509,6 +542,30 @@ def _responses_item(episode: Episode) -> dict[str, Any] | None:
     if isinstance(item, dict) and (isinstance(item.get("type"), str) or isinstance(item.get("role"), str)):
         return item
     return None
+
+
+def is_reasoning(episode: Episode) -> bool:
+    """Whether ``episode`` holds a Responses ``reasoning`` item (as MemEngineSession keeps it, or under ``item``).
+
+    The API takes a reasoning item only together with the item that followed
+    it in the model's output, and refuses that item without it: the window
+    keeps a reasoning item and the item after it together.
+    """
+    metadata = episode.metadata
+    if not metadata or _REASONING_KEYS.isdisjoint(metadata):
+        return False  # (the usual case: one C-level pass)
+    for key in _REASONING_NESTED_KEYS:
+        nested = metadata.get(key)
+        if isinstance(nested, dict):
+            return nested.get("type") == "reasoning"
+    if metadata.get(AGENTS_ITEM_IN_CONTENT_KEY) and '"reasoning"' in episode.content:
+        item = _responses_item(episode)  # a large item kept as JSON in the content
+        return item is not None and item.get("type") == "reasoning"
+    return metadata.get("type") == "reasoning"
+
+
+_REASONING_NESTED_KEYS = (AGENTS_ITEM_KEY, "item", "raw")
+_REASONING_KEYS = frozenset({*_REASONING_NESTED_KEYS, AGENTS_ITEM_IN_CONTENT_KEY, "type"})
 
 
 def _is_anthropic(message: Mapping[str, Any]) -> bool:

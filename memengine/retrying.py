@@ -122,6 +122,18 @@ def retry_delay(failures: int, attempts: int, backoff: float, backoff_max: float
     return policy.wait(state)
 
 
+def doubling_pause(attempt: int, first: float, cap: float) -> float:
+    """The pause after poll or try number ``attempt`` (from 1): ``first``, doubling, at most ``cap``.
+
+    tenacity's ``wait_exponential``, without jitter: for loops that wait for
+    something to change (another owner's lease to lapse, a commit in doubt to
+    settle) rather than for a failing call to recover.
+    """
+    state = tenacity.RetryCallState(None, None, (), {})
+    state.attempt_number = attempt
+    return tenacity.wait_exponential(multiplier=first, min=first, max=cap)(state)
+
+
 class wait_jitter(tenacity.wait_random):
     """tenacity's ``wait_random``, drawing from the engine's own random source."""
 

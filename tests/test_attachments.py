@@ -114,3 +114,17 @@ def test_base64_sources_in_metadata_are_named() -> None:
         [Episode("user", "look", metadata=anthropic), Episode("user", "hear", metadata=audio)]
     )
     assert (image.content, sound.content) == ("look\n[image/webp, 2 KB]", "hear\n[audio/mp3, 2 KB]")
+
+
+async def test_metadata_with_data_and_format_keys_that_hold_text_is_not_an_attachment(store_url) -> None:
+    # An application's own metadata may hold {"data": ..., "format": ...} (a tool's result, a report):
+    # only base64 data is an attachment; text is neither counted as one nor named to the summarizer.
+    text = "Revenue rose 4 % in Q3, driven by the Lisbon and Porto stores and by online orders."
+    report = {"data": text, "format": "text"}
+    mislabelled = {"type": "base64", "media_type": "text/plain", "data": text}
+    episodes = [Episode("tool", "report ready", metadata={"report": report, "source": mislabelled})]
+    async with open_engine(store_url, summarizer=ReadingSummarizer()) as engine:
+        session = engine.session("s")
+        await session.add(episodes)
+        assert (await session.context()).tokens == estimate_tokens("report ready")
+    assert for_summarizer(episodes) == episodes

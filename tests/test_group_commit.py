@@ -53,3 +53,30 @@ async def test_a_failing_write_fails_alone(db_path, stored) -> None:
         ("b", "b1"),
         ("c", "c1"),
     ]
+
+
+async def test_a_group_commit_of_thousands_of_sessions_checks_their_leases_at_once(store_url: str) -> None:
+    """Past one statement's worth of leases (1,000), the check still holds: the fast path is kept."""
+    from memengine.store import leases
+    from memengine.store.open import open_store
+
+    from .conftest import StoreRows
+
+    count = 2500
+    async with open_store(store_url) as store:
+        pass  # the schema
+    StoreRows(store_url).query(
+        "INSERT INTO session_leases (session_id, owner, token, expires_at) "
+        "SELECT 's' || n, 'me', n, 4102444800 FROM generate_series(1, ?) AS g(n)"
+        if store_url.startswith("postgresql://")
+        else "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?) "
+        "INSERT INTO session_leases (session_id, owner, token, expires_at) SELECT 's' || n, 'me', n, 4102444800 FROM g",
+        count,
+    )
+    held = [(f"s{n}", n) for n in range(1, count + 1)]
+    async with open_store(store_url, owner="me") as store:
+        assert await store._submit(lambda db: leases.all_held(db, held))  # type: ignore[attr-defined]
+        stale = [*held[:1800], ("s1801", 1), *held[1801:]]  # one token of the second statement's share is stale
+        assert not await store._submit(lambda db: leases.all_held(db, stale))  # type: ignore[attr-defined]
+        missing = [*held, ("never leased", 1)]
+        assert not await store._submit(lambda db: leases.all_held(db, missing))  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """Owner liveness on PostgreSQL, where a live process can lose its lock (store/owners.py, store/liveness.py).
 
-A session-level advisory lock ends with its connection: when a process dies,
+An advisory lock held by an open transaction ends with its connection: when a process dies,
 but also when only its connection was dropped (a killed backend, a server
 restart). So what another process finds dead on PostgreSQL is released only
 after a grace, unless it is a process of the same machine whose pid is gone;
@@ -14,7 +14,7 @@ import anyio
 import psycopg
 import pytest
 
-from memengine import Episode, SessionBusyError, SessionConfig, open_engine
+from memengine import Episode, LeaseLostError, SessionBusyError, SessionConfig, open_engine
 
 from .conftest import postgres_schema, postgres_unreachable
 from .fakes import GatedSummarizer
@@ -110,3 +110,122 @@ async def test_a_dead_owner_of_another_machine_is_released_only_after_the_grace(
             assert lease_left <= now and claim_left <= now and owners == 0
             context = await engine.session("s").context()  # taken over now
             assert context.episodes == ()
+
+
+async def test_a_reap_leaves_an_incarnation_registered_under_the_same_name_meanwhile(pg_url) -> None:
+    """A restart under the dead owner's name registers while a reap of its former incarnation runs."""
+    from memengine.store.dialect import Db, postgres_dialect
+    from memengine.store.liveness import AdvisoryLiveness
+    from memengine.store.owners import reap
+
+    async with open_engine(pg_url, config=CONFIG, owner="survivor"):
+        pass  # the schema
+    restart_key = 4242
+    with (
+        psycopg.connect(pg_url, autocommit=True) as setup,
+        psycopg.connect(pg_url, autocommit=True) as restart,
+        psycopg.connect(pg_url) as reaping,
+    ):
+        setup.execute(
+            "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at, dead_since) "
+            "VALUES ('former', 'x', 4141, 'elsewhere/boot', 1, 0, 0)"  # dead long past any grace
+        )
+        restart.execute("SELECT pg_advisory_lock(%s)", (restart_key,))  # the restart's liveness lock
+
+        class RestartMeanwhile(AdvisoryLiveness):
+            """Finds what it is asked about, while the restart registers and takes a session by name."""
+
+            def alive(self, db, incarnations):
+                found = super().alive(db, incarnations)
+                if not found:
+                    restart.execute(
+                        "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at) "
+                        "VALUES ('restarted', 'x', %s, 'elsewhere/boot', 2, 0)",
+                        (restart_key,),
+                    )
+                    restart.execute(
+                        "INSERT INTO session_leases (session_id, owner, token, expires_at) "
+                        "VALUES ('s', 'x', 1, extract(epoch from clock_timestamp()) + 600)"
+                    )
+                return found
+
+        reap(Db(reaping, postgres_dialect()), RestartMeanwhile(lambda: None), "survivor", ["x"])
+        reaping.commit()
+        registered = setup.execute("SELECT incarnation FROM engine_owners ORDER BY incarnation").fetchall()
+        (lease_left,) = setup.execute(
+            "SELECT expires_at - extract(epoch from clock_timestamp()) FROM session_leases WHERE session_id = 's'"
+        ).fetchone()
+    assert registered == [("restarted",)]  # the former incarnation, proved dead, is gone; the restart is not
+    assert lease_left > 500  # the restart keeps the session it took
+
+
+async def test_a_reap_passes_over_claims_another_transaction_holds_and_comes_back_for_them(pg_url) -> None:
+    claim = (
+        "INSERT INTO retain_outbox (session_id, first_seq, last_seq, mode, key, episodes, created_at, claimed_by, "
+        "claim_until) VALUES (%s, 1, 1, 'append', %s, '[]', 0, 'remote', extract(epoch from clock_timestamp()) + 600) "
+        "RETURNING id"
+    )
+    with anyio.fail_after(60):
+        async with open_engine(pg_url, config=CONFIG, owner="survivor") as engine:
+            with psycopg.connect(pg_url, autocommit=True) as setup, psycopg.connect(pg_url) as locking:
+                setup.execute(
+                    "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at, dead_since) "
+                    "VALUES ('gone', 'remote', 12345, 'elsewhere/boot', 1, 0, 0)"  # dead long past the grace
+                )
+                (locked,) = setup.execute(claim, ("s", "k1")).fetchone()
+                (free,) = setup.execute(claim, ("t", "k2")).fetchone()
+                locking.execute("SELECT 1 FROM retain_outbox WHERE id = %s FOR UPDATE", (locked,))  # held, not ended
+
+                def claims() -> dict[int, bool]:
+                    rows = setup.execute(
+                        "SELECT id, claim_until > extract(epoch from clock_timestamp()) FROM retain_outbox"
+                    ).fetchall()
+                    return dict(rows)
+
+                first = await engine.store.reap_dead_owners(["remote"])  # never waits for the locked row
+                assert first.owners == ("remote",) and first.waiting
+                assert claims() == {locked: True, free: False}
+                assert setup.execute("SELECT count(*) FROM engine_owners WHERE owner = 'remote'").fetchone() == (1,)
+                locking.rollback()
+                await engine.store.reap_dead_owners(["remote"])  # (or the watcher did, committed before it)
+                assert claims() == {locked: False, free: False}
+                assert setup.execute("SELECT count(*) FROM engine_owners WHERE owner = 'remote'").fetchone() == (0,)
+
+
+async def test_an_engine_reaped_while_its_lock_was_lost_does_not_answer_from_memory_after_taking_it_back(
+    pg_url,
+) -> None:
+    """Lost lock, reaped meanwhile, lock taken back: its sessions may be another's now; memory is not the store."""
+    long_lease = SessionConfig(passivate_after=None, lease_wait=0.5, lease_ttl=60.0)  # no renewal round meanwhile
+    with anyio.fail_after(60):
+        async with (
+            open_engine(pg_url, config=long_lease, owner="a") as a,
+            open_engine(pg_url, config=long_lease, owner="b") as b,
+        ):
+            await a.session("s").add([Episode("user", "from a")])
+            b.store._liveness.grace = 0.0  # type: ignore[attr-defined]  # b reaps what it finds dead at once
+            key = a.store._liveness.lock_key  # type: ignore[attr-defined]
+            while True:  # a takes its lock back within a heartbeat: b must reap it before
+                terminate_liveness_backend(pg_url, key)
+                if (await b.store.reap_dead_owners(["a"])).owners == ("a",):
+                    break
+                await anyio.sleep(0.01)
+            await b.session("s").add([Episode("user", "from b")])  # a's session is b's now
+            await a.store.keep_alive()  # a takes its lock back (or its heartbeat did)
+            assert held_by_server(pg_url, key)
+            try:
+                context = await a.session("s").context()
+            except (LeaseLostError, SessionBusyError):
+                return  # refused: b has it
+            assert [episode.content for episode in context.episodes] == ["from a", "from b"]  # or read afresh
+
+
+def held_by_server(url: str, lock_key: int) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return bool(
+            conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND ((classid::bigint << 32) | objid::bigint) = %s AND objsubid = 1",
+                (lock_key,),
+            ).fetchone()[0]
+        )

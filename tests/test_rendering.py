@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -10,6 +11,8 @@ import pytest
 from memengine import Context, Episode, SessionConfig, open_engine
 from memengine.rendering import SUMMARY_PREFIX
 from memengine.tool_calls import answering, calling
+
+from .fakes import RecordingSummarizer
 
 
 def context(*episodes: Episode, summary: str | None = None) -> Context:
@@ -47,6 +50,10 @@ def assert_valid_responses(items: list[dict[str, Any]]) -> None:
             assert item["role"] in {"system", "developer", "user", "assistant"}
         else:
             assert isinstance(item.get("type"), str)  # another Responses item (reasoning, ...)
+    for item, following in zip(items, [*items[1:], None], strict=True):
+        if item.get("type") == "reasoning":
+            # The API refuses a reasoning item without the item it preceded in the model's output (400).
+            assert following is not None and following.get("type") != "reasoning", f"dangling reasoning in {items}"
     trailing = {item["call_id"] for item in items[-1:] if item.get("type") == "function_call"}
     assert called - answered <= trailing, f"unanswered calls in {items}"
 
@@ -417,3 +424,88 @@ def test_a_message_renders_by_its_own_shape_whichever_key_holds_it() -> None:
         assert ctx.to_openai_chat()[1]["tool_calls"] == [WEATHER_CALL]
         assert ctx.to_openai_chat()[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
         assert_valid_everywhere(ctx)
+
+
+def test_a_reasoning_item_is_left_out_with_the_call_it_preceded() -> None:
+    # A reasoning model's turn: reasoning, then its call. The call's output was deleted and the
+    # conversation went on, so the call is left out; the reasoning before it must go with it: the
+    # Responses API refuses a reasoning item without its following item.
+    episodes = agent_episodes()
+    del episodes[3]  # the function_call_output
+    ctx = context(*episodes)
+    items = ctx.to_openai_responses()
+    assert [item.get("type") or item["role"] for item in items] == ["user", "message"]
+    assert_valid_everywhere(ctx)
+    # Kept while the call is the last turn (its output may still come), and when it is answered.
+    waiting = context(*agent_episodes()[:3])
+    assert [item.get("type") or item["role"] for item in waiting.to_openai_responses()] == [
+        "user",
+        "reasoning",
+        "function_call",
+    ]
+    assert len(context(*agent_episodes()).to_openai_responses()) == len(AGENT_ITEMS)
+
+
+def reasoning_turn(turn: int) -> list[Episode]:
+    """A reasoning model's turn as MemEngineSession stores it: question, reasoning, call, output, answer."""
+    call_id = f"call_{turn}"
+    items = [
+        {"role": "user", "content": f"question {turn}"},
+        {"type": "reasoning", "id": f"rs_{turn}", "summary": []},
+        {"type": "function_call", "id": f"fc_{turn}", "call_id": call_id, "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": call_id, "output": f"out {turn}"},
+        {"type": "reasoning", "id": f"rs_{turn}b", "summary": []},
+        {"type": "message", "id": f"msg_{turn}", "role": "assistant", "content": f"answer {turn}"},
+    ]
+    return [
+        Episode(
+            item.get("role") or item["type"], f"item {turn}.{n}", metadata={"openai_agents.item": item, **_links(item)}
+        )
+        for n, item in enumerate(items)
+    ]
+
+
+def assert_calls_keep_their_reasoning(items: list[dict[str, Any]]) -> None:
+    """Each call and answer is right after its reasoning item (its id's turn), and each reasoning item before it."""
+    for before, item in itertools.pairwise(items):
+        if item.get("type") in ("function_call", "message"):
+            reasoning = item["id"].replace("fc_", "rs_").replace("msg_", "rs_") + (
+                "b" if item["type"] == "message" else ""
+            )
+            assert before.get("id") == reasoning, f"{item['id']} without its reasoning: {items}"
+        if before.get("type") == "reasoning":
+            assert item.get("type") in ("function_call", "message"), f"{before['id']} without its item: {items}"
+    assert items[0].get("type") not in ("function_call", "message"), f"{items[0]['id']} without its reasoning: {items}"
+
+
+@pytest.mark.anyio
+async def test_a_call_or_answer_is_never_shown_without_the_reasoning_item_before_it(store_url) -> None:
+    # The Responses API refuses a function_call or message without the reasoning item that preceded it
+    # (400, "provided without its required 'reasoning' item"), and a reasoning item without the item
+    # after it: neither the window nor a summary parts them.
+    for max_episodes in (2, 3, 4, 5, 6, 7):
+        config = SessionConfig(max_episodes=max_episodes, evict_to=0.5, max_chars=100_000)
+        session_id = f"s{max_episodes}"
+        async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
+            session = engine.session(session_id)
+            for turn in range(6):
+                for episode in reasoning_turn(turn):
+                    await session.add([episode])
+                    assert_calls_keep_their_reasoning((await session.context()).to_openai_responses())
+                assert_calls_keep_their_reasoning((await session.context(wait_for_summary=True)).to_openai_responses())
+        async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
+            assert_calls_keep_their_reasoning((await engine.session(session_id).context()).to_openai_responses())
+
+
+def test_a_reasoning_item_whose_following_item_was_deleted_is_left_out() -> None:
+    # [question, reasoning, answer]: the answer was deleted (or popped) and a new question followed.
+    # The reasoning item would be followed by a user message, which the API refuses (400, "provided
+    # without its required following item"); nor may a request end with one.
+    turn = reasoning_turn(0)
+    question, reasoning, answer = turn[0], turn[4], turn[5]
+    followed_by_user = context(question, reasoning, Episode("user", "Another question"))
+    assert [item.get("type") or item["role"] for item in followed_by_user.to_openai_responses()] == ["user", "user"]
+    assert_valid_everywhere(followed_by_user)
+    assert [item.get("type") or item["role"] for item in context(question, reasoning).to_openai_responses()] == ["user"]
+    kept = context(question, reasoning, answer).to_openai_responses()
+    assert [item.get("type") or item["role"] for item in kept] == ["user", "reasoning", "message"]

@@ -206,3 +206,10 @@ def test_a_blocking_call_that_succeeds_at_once_builds_no_retry_object(monkeypatc
 
     monkeypatch.setattr(tenacity, "Retrying", refuse)
     assert with_retries_in_thread(FlakyInThread([]), 4, lambda e: True, lambda n, e: None) == "renewed"
+
+
+def test_the_pause_of_a_waiting_loop_doubles_from_its_first_value_up_to_its_cap() -> None:
+    from memengine.retrying import doubling_pause
+
+    assert [doubling_pause(n, 0.02, 0.2) for n in range(1, 8)] == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.2, 0.2, 0.2])
+    assert doubling_pause(40, 0.02, 0.5) == 0.5  # no overflow far down the line

@@ -73,3 +73,26 @@ async def test_a_large_content_is_counted_once_off_the_event_loop(store_url) -> 
         assert context.tokens == 3 + 2 * len(big) // 12 + 1
         assert tokenizer.calls[big] == 1
         assert tokenizer.on_loop_thread[big] is False
+
+
+async def test_a_large_content_a_delete_brings_back_from_a_summary_is_counted_off_the_event_loop(store_url) -> None:
+    # Deleting a summarized episode deletes the summaries through it: the episodes they covered are
+    # raw again and are counted again, a large one in a worker thread as at add and at activation.
+    tokenizer = CountingTokenizer()
+    big = "output line\n" * (400_000 // 12)
+    config = SessionConfig(max_episodes=2, evict_to=0.5, max_chars=10**7, tokenizer=tokenizer)
+    async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", "run the tool")])
+        await session.add([Episode("tool", big)])
+        for n in range(3):
+            await session.add([Episode("user", f"turn {n}")])
+        context = await session.context(wait_for_summary=True)
+        assert context.summary is not None and all(episode.content != big for episode in context.episodes)
+        assert tokenizer.on_loop_thread[big] is False
+        await session.delete_episodes([1])
+        context = await session.context()
+        assert context.summary is None and [episode.seq for episode in context.episodes] == [2, 3, 4, 5]
+        assert context.tokens == 2 * len(big) // 12 + 3 * 2
+        assert tokenizer.calls[big] == 2  # at add, and once more now that no summary covers it
+        assert tokenizer.on_loop_thread[big] is False

@@ -315,3 +315,38 @@ def test_reused_call_ids_keep_each_group_whole(max_episodes, evict_to, script) -
         fresh = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
         fresh.reset(window.raw, window.evicted_through or 0, last_seq=history.last_seq)
         assert fresh.evicted == window.evicted
+
+
+def agents_item(seq: int, item: dict) -> Episode:
+    """An Agents SDK item as MemEngineSession stores it (the item under its key, the call links beside)."""
+    links = tool_links({"item": item})
+    metadata: dict = {"openai_agents.item": item}
+    if links.calls:
+        metadata[CALLS_KEY] = list(links.calls)
+    if links.results:
+        metadata[RESULT_OF_KEY] = list(links.results)
+    return numbered(item.get("role") or item["type"], f"item {seq}", seq=seq, metadata=metadata)
+
+
+def test_the_window_never_starts_between_a_reasoning_item_and_the_item_after_it() -> None:
+    # A reasoning model's turn: reasoning, then its call or message. The Responses API refuses that item
+    # without its reasoning item (400, "... was provided without its required 'reasoning' item"), and the
+    # reasoning item without it: a cut between them would leave the raw window an invalid request.
+    for max_episodes, evict_to in itertools.product(range(2, 9), (0.25, 0.5, 0.75)):
+        window = RawWindow(Budget(max_episodes, 10**6), evict_to, words)
+        seq = itertools.count(1)
+        for turn in range(12):
+            call_id = f"call_{turn}"
+            items = [
+                {"role": "user", "content": f"question {turn}"},
+                {"type": "reasoning", "id": f"rs_{turn}", "summary": []},
+                {"type": "function_call", "id": f"fc_{turn}", "call_id": call_id, "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": call_id, "output": "ok"},
+                {"type": "reasoning", "id": f"rs_{turn}b", "summary": []},
+                {"type": "message", "id": f"msg_{turn}", "role": "assistant", "content": f"answer {turn}"},
+            ]
+            for item in items:
+                window.append([agents_item(next(seq), item)])
+                if window.evicted:
+                    before = window.raw[window.evicted - 1].metadata["openai_agents.item"]
+                    assert before.get("type") != "reasoning", (max_episodes, evict_to, turn, window.evicted)

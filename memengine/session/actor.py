@@ -172,9 +172,7 @@ class SessionActor:
             except (SessionBusyError, StoreError) as error:
                 stop_error = error  # every message sent meanwhile is told
                 return
-            # Large contents are counted in a worker thread, not on the event loop all sessions share.
-            contents = [episode.content for episode in snapshot.episodes]
-            self._window.expect(await count_large(self._count_tokens, contents))
+            await self._count_large(snapshot)
             async with anyio.create_task_group() as children:
                 children.start_soon(self._child.run)
                 self._apply(snapshot)
@@ -438,6 +436,7 @@ class SessionActor:
         await self._settle_append()
         deleted, snapshot = await self._store.delete_episodes(self.session_id, self._lease.current(), message.seqs)
         if deleted:
+            await self._count_large(snapshot)  # what a deleted summary covered is raw again
             self._apply(snapshot)
             if self._retain is not None:
                 self._retain.removed()
@@ -503,6 +502,15 @@ class SessionActor:
         message.reply.set(await self._summary_results.retry())  # an operator's call: not recorded (see RetrySummary)
 
     # -- state ---------------------------------------------------------------
+
+    async def _count_large(self, snapshot: SessionSnapshot) -> None:
+        """Count the large contents the window does not hold yet in a worker thread, for :meth:`_apply`.
+
+        Not on the event loop all sessions share (a 400,000-character tool
+        output, a slow tokenizer): at activation, and after a delete that
+        deleted a summary (the episodes it covered are raw again).
+        """
+        self._window.expect(await count_large(self._count_tokens, self._window.uncounted(snapshot.episodes)))
 
     def _apply(self, snapshot: SessionSnapshot) -> None:
         """Adopt the store's view (after activation, clear or delete)."""

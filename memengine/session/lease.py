@@ -21,6 +21,7 @@ import anyio
 
 from ..config import SessionConfig
 from ..errors import LeaseLostError, SessionBusyError, StoreError, UncertainCommitError
+from ..retrying import doubling_pause
 from ..store.base import SessionSnapshot, Store
 
 log = logging.getLogger("memengine.session")
@@ -59,7 +60,7 @@ class SessionLease:
     async def acquire(self) -> SessionSnapshot:
         """Take the lease and load the session's state, waiting up to ``lease_wait`` for another owner."""
         started = anyio.current_time()
-        pause = 0.02
+        polls = 0  # tries that found the session busy or the commit in doubt: the pause doubles with them
         reaped: set[str] = set()  # owners already checked for life
         while True:
             attempt = anyio.current_time()
@@ -70,8 +71,8 @@ class SessionLease:
                 if anyio.current_time() - started > self._config.lease_wait:
                     raise
                 log.info("session %r: activation in doubt (%s); activating again", self._session_id, doubt)
-                await anyio.sleep(pause)
-                pause = min(pause * 2, 0.5)
+                polls += 1
+                await anyio.sleep(doubling_pause(polls, 0.02, 0.5))
                 continue
             except SessionBusyError as busy:
                 if not busy.locked and busy.owner not in reaped:
@@ -85,9 +86,10 @@ class SessionLease:
                     raise SessionBusyError(
                         self._session_id, busy.owner, busy.expires_in, waited, locked=busy.locked
                     ) from None
-                await anyio.sleep(min(pause, left, pause if busy.locked else max(busy.expires_in, 0.0) + 0.01))
                 # The owner was asked to hand the session over once idle (store/handover.py): look often.
-                pause = min(pause * 2, 0.5 if busy.locked else 0.2)
+                polls += 1
+                pause = doubling_pause(polls, 0.02, 0.5 if busy.locked else 0.2)
+                await anyio.sleep(min(pause, left, pause if busy.locked else max(busy.expires_in, 0.0) + 0.01))
                 continue
             self.renewed(attempt)
             return snapshot

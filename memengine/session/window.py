@@ -19,7 +19,9 @@ summary. Three rules decide where the window starts:
   still unanswered (ids may be reused, ``call_0`` every turn), else the
   newest call of its id (a second result). A call whose result was deleted
   waits no more: a seq missing after it (seqs are never reused) says that
-  something after it was deleted, and it no longer holds the window.
+  something after it was deleted, and it no longer holds the window. A
+  Responses reasoning item and the item after it (a call, a message) are
+  evicted together too: the API refuses either without the other.
 - **Boundaries are kept.** Once evicted, an episode stays evicted: the
   boundary is stored (``evicted_through``), and a session loaded again shows
   the window it had.
@@ -60,6 +62,7 @@ from ..attachments import counting_attachments, metadata_tokens
 from ..clipping import ToolClipping, clip_episode, clipped_tokens
 from ..config import SessionConfig
 from ..episode import Episode
+from ..rendering import is_reasoning
 from ..tokens import Tokenizer, checked, estimate_tokens
 from ..tool_calls import NO_LINKS, ToolLinks, tool_links
 
@@ -125,6 +128,7 @@ class RawWindow:
     __slots__ = (
         "_answered_from",
         "_base",
+        "_bonded",
         "_budget",
         "_clipping",
         "_count_tokens",
@@ -175,6 +179,7 @@ class RawWindow:
         self._reach: list[int] = []  # per raw episode: position of the last result of its calls (else its own)
         self._answered_from: list[int] = []  # per raw episode: oldest call its results answer (-1: a call not raw)
         self._last_seq: int | None = None
+        self._bonded: set[int] = set()  # positions of reasoning items whose reach is the item after them
         self._window_chars = 0
         self._window_tokens = 0
 
@@ -203,6 +208,7 @@ class RawWindow:
         self._reach, self._answered_from = [], []
         self._raw_tokens = 0
         self._unanswered, self._newest_call, self._waiting = {}, {}, {}
+        self._bonded = set()
         self._base = self.evicted = self._window_chars = self._window_tokens = 0
         self._last_seq = None
         gap_before = 0  # index of the newest episode after a deleted one
@@ -252,6 +258,16 @@ class RawWindow:
         """
         self._expected = counts
 
+    def uncounted(self, episodes: Iterable[Episode]) -> list[str]:
+        """The contents of ``episodes`` a :meth:`reset` to them would count (those it does not hold counted).
+
+        A delete can bring back episodes a summary covered (it deletes the
+        summaries through what it deletes): their large contents are to be
+        counted off the event loop, as at activation, and handed in by :meth:`expect`.
+        """
+        held = {(episode.seq, episode.id) for episode in self.raw}
+        return [episode.content for episode in episodes if (episode.seq, episode.id) not in held]
+
     def drop_through(self, seq: int) -> int:
         """Forget the episodes now covered by a summary through ``seq``; return how many."""
         raw = self.raw
@@ -270,6 +286,8 @@ class RawWindow:
                         del self._unanswered[call_id]
         for position in [position for position in self._waiting if position < limit] if self._waiting else ():
             del self._waiting[position]
+        if self._bonded:
+            self._bonded = {position for position in self._bonded if position >= limit}
         del self._reach[:covered]
         del self._answered_from[:covered]
         del raw[:covered]
@@ -372,6 +390,10 @@ class RawWindow:
         self._answered_from.append(position)
         if episode.seq is not None:
             self._last_seq = episode.seq
+        if len(self.raw) > 1 and is_reasoning(self.raw[-2]):
+            # A reasoning item and the item after it go together: the API refuses either without the other.
+            self._reach[-2] = max(self._reach[-2], position)
+            self._bonded.add(position - 1)
         if links:
             self._pair(links, position)
         self._window_chars += chars
@@ -488,8 +510,8 @@ class RawWindow:
 
     def _group_closure(self, lower: int, target: int) -> int:
         """The first index at or after ``target`` where no tool group of ``raw[lower:]`` is cut in two."""
-        if not self._newest_call:
-            return min(target, len(self.raw))  # no tool call in the raw window: no group to keep whole
+        if not self._newest_call and not self._bonded:
+            return min(target, len(self.raw))  # no tool call or reasoning in the raw window: no group to keep whole
         reach, base = self._reach, self._base
         index = lower
         end = target
@@ -505,8 +527,8 @@ class RawWindow:
 
         A call of the window still waiting for its result reaches past any cut after it.
         """
-        if not self._newest_call:
-            return cut  # no tool call in the raw window
+        if not self._newest_call and not self._bonded:
+            return cut  # no tool call or reasoning in the raw window
         reach, base, waiting, evicted = self._reach, self._base, self._waiting, self.evicted
         safe = lower
         furthest = -1  # the last index a group starting before ``index`` reaches

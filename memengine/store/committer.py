@@ -177,6 +177,7 @@ class GroupCommitStore:
         self._reader = reader
         self._dialect = dialect
         self.owner = owner or new_owner_id()
+        self._pid = os.getpid()  # a forked child renews nothing of its parent's (see forked)
         self._queue: deque[_Submission] = deque()
         self._urgent: list[_Submission] = []  # lease renewals: into the next transaction, first
         self._queue_filled = Wakeup()
@@ -201,6 +202,8 @@ class GroupCommitStore:
         self._reconnected = False  # whether the batch being committed already got a new connection
         self._liveness: owners.Liveness | None = None  # once held (see start_liveness)
         self._alive_until = math.inf  # see alive_until
+        self._reaped_until = -math.inf  # reaped while its lock was lost: memory is not the store until then
+        self._longest_ttl = 0.0  # of the leases this store took (see keep_alive)
         self._liveness_slot = anyio.CapacityLimiter(1)
         self._close_by: float | None = None  # time.monotonic() by which closing ends (see _closing_wait)
 
@@ -822,12 +825,15 @@ class GroupCommitStore:
     # -- sessions --------------------------------------------------------------
 
     async def activate(self, session_id: str, ttl: float) -> tuple[int, SessionSnapshot]:
+        self._longest_ttl = max(self._longest_ttl, ttl)
         activated = await self._submit(lambda db: journal.activate(db, session_id, self.owner, ttl))
         if isinstance(activated, SessionBusyError):
             raise activated
         return activated
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
+        if self.forked():
+            return set()  # the parent's leases: never renewed from a forked child
         # Urgent: a lease must never lapse because writes were queued ahead of its renewal.
         return await self._submit(lambda db: leases.renew(db, self.owner, held, ttl), urgent=True)
 
@@ -865,6 +871,8 @@ class GroupCommitStore:
         self._alive_until = self._alive_after(asked_at)
 
     def alive_until(self) -> float:
+        if anyio.current_time() < self._reaped_until:
+            return -math.inf  # every read renews its lease first: those reaped fail (keep_alive)
         return self._alive_until
 
     def _alive_after(self, asked_at: float) -> float:
@@ -877,14 +885,23 @@ class GroupCommitStore:
         grace = self._liveness.grace
         return math.inf if grace == 0 else asked_at + grace - 2 * HEARTBEAT_SECONDS
 
+    def forked(self) -> bool:
+        """Whether this is a forked child of the process that opened the store: its leases are the parent's."""
+        return os.getpid() != self._pid
+
     async def keep_alive(self) -> bool:
         liveness = self._liveness
-        if liveness is None:
+        if liveness is None or self.forked():
             return True
         asked_at = anyio.current_time()
         held = await anyio.to_thread.run_sync(liveness.check, limiter=self._liveness_slot, abandon_on_cancel=True)
         if not held:
-            await self._submit(lambda db: owners.register(db, self.owner, liveness))  # back among the living
+            # Back among the living. If it was reaped meanwhile, its leases may have been released and taken:
+            # no lease known valid by this process's clock before now may be counted on. Every one was
+            # renewed before now and lasts at most the longest ttl: until then, every read renews first.
+            if not await self._submit(lambda db: owners.register(db, self.owner, liveness)):
+                self._reaped_until = anyio.current_time() + self._longest_ttl
+                log.warning("this engine was taken for dead while its liveness lock was lost: checking its leases")
             asked_at = anyio.current_time()  # counted from now: it was not held all along
         self._alive_until = self._alive_after(asked_at)
         return bool(held)
@@ -899,7 +916,10 @@ class GroupCommitStore:
         dead, others = await self._read(lambda db: owners.dead_owners(db, liveness, self.owner, among))
         if not dead:
             return owners.Reaped(others=others)
-        return await self._submit(lambda db: owners.reap(db, liveness, self.owner, dead))
+        reaped = await self._submit(lambda db: owners.reap(db, liveness, self.owner, dead))
+        if reaped.incarnations:  # committed: nobody checks them again
+            await anyio.to_thread.run_sync(liveness.forget, reaped.incarnations)
+        return reaped
 
     async def load_session(self, session_id: str) -> SessionSnapshot:
         return await self._read(lambda db: journal.load(db, session_id))

@@ -94,7 +94,7 @@ def require(db: Db, session_id: str, token: int) -> None:
 
 
 def all_held(db: Db, leases: Sequence[tuple[str, int]]) -> bool:
-    """Whether every ``(session_id, token)`` holds its live lease (one query for a group commit).
+    """Whether every ``(session_id, token)`` holds its live lease (a query per 1,000 for a group commit).
 
     The rows are found by session id (the primary key), and the tokens
     compared here: matching ``(session_id, token)`` pairs in SQL made SQLite
@@ -103,14 +103,18 @@ def all_held(db: Db, leases: Sequence[tuple[str, int]]) -> bool:
     tokens = dict(leases)
     if len(tokens) != len(set(leases)):
         return False  # one session under two tokens: one of them is stale (the caller checks each on its own)
-    if len(tokens) > _PER_STATEMENT:
-        return False  # the caller checks each one on its own
-    rows = db.execute(
-        f"SELECT session_id, token FROM session_leases WHERE session_id IN ({placeholders(len(tokens))}) "
-        f"AND expires_at > {{now}} ORDER BY session_id{{for_share}}",
-        list(tokens),
-    ).fetchall()
-    return len(rows) == len(tokens) and all(tokens[session_id] == token for session_id, token in rows)
+    # In id order across statements too: the rows are locked in the order renew locks them.
+    ids = sorted(tokens)
+    for start in range(0, len(ids), _PER_STATEMENT):  # any number of sessions: the fast path holds
+        chunk = ids[start : start + _PER_STATEMENT]
+        rows = db.execute(
+            f"SELECT session_id, token FROM session_leases WHERE session_id IN ({placeholders(len(chunk))}) "
+            f"AND expires_at > {{now}} ORDER BY session_id{{for_share}}",
+            chunk,
+        ).fetchall()
+        if len(rows) != len(chunk) or any(tokens[session_id] != token for session_id, token in rows):
+            return False
+    return True
 
 
 def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float) -> set[str]:

@@ -60,6 +60,8 @@ class PostgresStore(GroupCommitStore):
         self._renewals = RenewalConnection(self._new_connection, self._dialect)
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
+        if self.forked():
+            return set()  # the parent's leases: never renewed from a forked child
         # On a connection of their own: never behind queued writes, nor a write waiting for a lock.
         return await self._renewals.renew(self.owner, held, ttl)
 

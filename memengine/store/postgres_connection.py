@@ -54,8 +54,10 @@ afterwards is pinned to it: a schema created later in front of it in the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import weakref
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -96,7 +98,34 @@ def connect(url: str) -> Any:
     bound = reply_timeout(url, conninfo)  # before connecting: a bad value opens nothing
     conn = RepliesBoundedConnection.connect(conninfo, autocommit=True, prepare_threshold=prepare_threshold)
     conn.reply_timeout = bound
+    _OPEN.add(conn)
     return conn
+
+
+#: Every connection :func:`connect` made that may still be open: a forked child lets go of them.
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _in_forked_child() -> None:
+    """A forked child lets go of its parent's connections: their sockets become ``/dev/null`` in the child.
+
+    A connection shared with a child keeps its server session open after the
+    parent dies: its liveness lock (store/liveness.py), a transaction's row
+    locks. The child never uses them (libpq connections cannot be shared
+    across a fork); whatever it writes to them at exit goes nowhere.
+    """
+    for conn in list(_OPEN):
+        with contextlib.suppress(Exception):  # closed already
+            socket = conn.pgconn.socket
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, socket, inheritable=False)
+            finally:
+                os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_in_forked_child)
 
 
 def connection_arguments(url: str) -> tuple[str, int | None]:

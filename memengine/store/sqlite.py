@@ -245,7 +245,12 @@ async def open_sqlite_store(
 
     store = SQLiteStore(conn, owner)
     store._busy_timeout = busy_timeout
-    store._path = path
+    # Resolved now: the liveness lock beside it must not move with the working directory (store/liveness.py).
+    store._path = (
+        path
+        if path == ":memory:" or path.startswith("file:")
+        else await anyio.to_thread.run_sync(os.path.realpath, path)
+    )
     store.location = path
 
     async with store.serving(prepare):

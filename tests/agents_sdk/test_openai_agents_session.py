@@ -462,3 +462,22 @@ async def test_get_items_returns_fresh_copies(tmp_path: Path) -> None:
         popped["output"] = "edited"
         await session.add_items([ITEMS[4]])
         assert await session.get_items() == expected
+
+
+async def test_get_items_leaves_out_the_reasoning_before_a_call_it_leaves_out(tmp_path: Path) -> None:
+    # A reasoning model's turn (reasoning, then its call); the call's output was deleted and the
+    # conversation went on. The call is left out, and its reasoning with it: the Responses API refuses
+    # a reasoning item without the item that followed it ("provided without its required following item").
+    question = {"role": "user", "content": "Weather?"}
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "weather", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
+    answer = {"role": "user", "content": "Never mind."}
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        await session.add_items([question, reasoning, call])
+        assert await session.get_items() == [question, reasoning, call]  # its output may still come
+        await session.add_items([output, answer])
+        assert await session.get_items() == [question, reasoning, call, output, answer]
+        assert await engine.session("s").delete_episodes([4]) == 1  # the output
+        assert await session.get_items() == [question, answer]
