@@ -409,3 +409,24 @@ def test_the_view_is_always_the_clipped_live_episodes(max_episodes, max_chars, k
         fresh = RawWindow(budget, evict_to, words, clipping)
         fresh.reset(live, window.evicted_through or 0)
         assert (fresh.raw, fresh.evicted, fresh.tokens) == (window.raw, window.evicted, window.tokens)
+
+
+def test_a_list_output_is_clipped_part_by_part_and_its_images_are_kept() -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/plot.png"}}
+    blocks = [{"type": "text", "text": BIG}, image, {"type": "text", "text": "short"}]
+    message = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": blocks}]}
+    parts = [{"type": "input_text", "text": BIG}, {"type": "input_image", "image_url": "https://example.com/a.png"}]
+    item = {"type": "function_call_output", "call_id": "t", "output": parts}
+    for metadata, path in (
+        ({"message": message}, ("message", "content", 0, "content")),
+        ({"item": item}, ("item", "output")),
+    ):
+        clipped = clip_episode(with_seq(Episode("tool", "", metadata=metadata), 8), CLIPPING)
+        assert clipped is not None
+        shown = clipped.metadata
+        for key in path:
+            shown = shown[key]
+        whole = metadata
+        for key in path:
+            whole = whole[key]  # type: ignore[index]
+        assert shown == [{**whole[0], "text": shown_clipped(8)}, *whole[1:]]  # type: ignore[index]
