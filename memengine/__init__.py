@@ -4,6 +4,7 @@ Each session is an actor that owns a window of recent episodes and a rolling
 summary of what left the window, backed by a durable, event-sourced store.
 """
 
+from .clipping import ToolClipping
 from .config import SessionConfig
 from .context import Context
 from .engine import Engine, open_engine
@@ -71,6 +72,7 @@ __all__ = [
     "StoreError",
     "Summarizer",
     "SummaryError",
+    "ToolClipping",
     "UncertainCommitError",
     "open_engine",
 ]

@@ -7,6 +7,8 @@ from typing import Any
 
 import attrs
 
+from .clipping import ToolClipping
+
 
 def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -42,6 +44,20 @@ def _fraction(instance: object, attribute: attrs.Attribute[float], value: object
 def _optional_callable(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"SessionConfig.{attribute.name} must be a callable (str -> int) or None, not {value!r}")
+
+
+def _clipping_from_dict(value: object) -> object:
+    """A recorded config (replay) holds the setting as a dict: it is read back as the class."""
+    if isinstance(value, dict):
+        return ToolClipping(**value)
+    return value
+
+
+def _optional_clipping(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, ToolClipping):
+        raise TypeError(
+            f"SessionConfig.{attribute.name} must be a memengine.ToolClipping or None, not {type(value).__name__}"
+        )
 
 
 def _optional_seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -108,6 +124,21 @@ class SessionConfig:
     bound what one episode may hold: ``add`` refuses a larger one with
     ``ValueError`` and stores nothing of that call.
 
+    ``tool_clipping`` (a :class:`~memengine.ToolClipping`; ``None``, the
+    default: off) shows tool results older than the newest
+    ``ToolClipping.keep_turns`` episodes and longer than
+    ``ToolClipping.over_chars`` characters as a head and a tail around a marker
+    naming the seq that holds the whole output (see :mod:`memengine.clipping`).
+    Only the view is clipped, and counted clipped by the budgets: the store,
+    recall, export, the retain sink and the summarizer get the whole output.
+    It is off by default because it changes what the model reads: an agent
+    that needs an old output again (to quote a file it read ten turns ago)
+    must be able to fetch it by seq, a tool the application provides; and an
+    upgrade should not change the prompts of agents that worked. Turn it on
+    for tool-heavy agents (file readers, search, shells), where old outputs
+    are most of the tokens and their middle rarely matters; the default
+    ``ToolClipping()`` is conservative.
+
     ``mailbox_capacity`` bounds the calls waiting for one session: when that
     many are queued unhandled, a further call waits for room before it is sent
     (back-pressure; a call cancelled while it waits was not sent).
@@ -148,3 +179,6 @@ class SessionConfig:
     lease_ttl: float = attrs.field(default=10.0, validator=_positive_seconds)
     lease_wait: float = attrs.field(default=12.0, validator=_non_negative_seconds)
     mailbox_capacity: int = attrs.field(default=1000, validator=_positive_int)
+    tool_clipping: ToolClipping | None = attrs.field(
+        default=None, converter=_clipping_from_dict, validator=_optional_clipping
+    )

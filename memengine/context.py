@@ -21,7 +21,10 @@ class Context:
     window and are waiting for their summary; they stay visible raw until it is
     stored. ``tokens`` counts the summary and the episodes returned, by the
     session's tokenizer (``SessionConfig.tokenizer``, else an offline
-    estimate), so a caller can budget the rest of its prompt.
+    estimate), so a caller can budget the rest of its prompt. With
+    ``SessionConfig.tool_clipping``, an old tool result among ``episodes`` is
+    shown clipped, with a marker naming its seq, and counted so (see
+    :mod:`memengine.clipping`); the store keeps it whole.
     """
 
     session_id: str

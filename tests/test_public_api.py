@@ -42,6 +42,7 @@ def test_exports_are_deliberate() -> None:
         "StoreError",
         "Summarizer",
         "SummaryError",
+        "ToolClipping",
         "UncertainCommitError",
         "open_engine",
     ]

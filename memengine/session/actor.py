@@ -129,6 +129,7 @@ class SessionActor:
             Budget(config.max_episodes, config.max_chars, config.max_tokens),
             config.evict_to,
             self._count_tokens,
+            config.tool_clipping,
         )
         self._summary_results = SummaryResults(
             session_id, services.store, config, self._summary, self._window, self._lease, self._give_up

@@ -35,6 +35,17 @@ caller counts it, or the activation, see :func:`~memengine.tokens.count_large`):
 :meth:`RawWindow.expect` hands those counts in. Appending costs time
 proportional to what it evicts, not to the window or the history, also while
 a call waits for its result (the oldest waiting call is known without a scan).
+
+**Old tool outputs are clipped** (with ``SessionConfig.tool_clipping``, see
+:mod:`memengine.clipping`): ``raw`` holds each episode as the session shows
+it, a tool result older than the newest ``keep_turns`` episodes clipped, and
+the budgets count it at its clipped size, so clipping delays eviction. Each
+append makes exactly one more episode "older than the newest N" (the episode
+N back): it is clipped then, once, and the running totals take the
+difference; a reset judges again from its live episodes (a delete can make an
+old episode one of the newest again), reusing the clips it made. What the
+summarizer reads, :attr:`RawWindow.pending` and :meth:`RawWindow.sizes`, is
+the stored episode, whole.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ from collections.abc import Callable, Iterable, Sequence
 import attrs
 
 from ..attachments import counting_attachments, metadata_tokens
+from ..clipping import ToolClipping, clip_episode, clipped_tokens
 from ..config import SessionConfig
 from ..episode import Episode
 from ..rendering import is_reasoning
@@ -118,9 +130,11 @@ class RawWindow:
         "_base",
         "_bonded",
         "_budget",
+        "_clipping",
         "_count_tokens",
         "_doubled",
         "_expected",
+        "_judged",
         "_last_seq",
         "_links",
         "_low_water",
@@ -129,6 +143,7 @@ class RawWindow:
         "_reach",
         "_sizes",
         "_unanswered",
+        "_unclipped",
         "_waiting",
         "_window_chars",
         "_window_tokens",
@@ -136,8 +151,14 @@ class RawWindow:
         "raw",
     )
 
-    def __init__(self, budget: Budget, evict_to: float, count_tokens: Tokenizer) -> None:
+    def __init__(
+        self, budget: Budget, evict_to: float, count_tokens: Tokenizer, clipping: ToolClipping | None = None
+    ) -> None:
         self._budget = budget
+        self._clipping = clipping
+        # Clipped episodes: position -> the stored episode, whole, and its (characters, tokens).
+        self._unclipped: dict[int, tuple[Episode, int, int]] = {}
+        self._judged = 0  # raw[:_judged] were judged for clipping (older than the newest keep_turns)
         self._raw_tokens = 0  # tokens of every raw episode: what a read reports, kept up to date
         self._expected: dict[str, int] = {}  # counts made before the contents enter (see expect)
         self._low_water = budget.scaled(evict_to)
@@ -177,6 +198,12 @@ class RawWindow:
         # The episodes kept (a delete, a clear, an activation after passivation in the same process)
         # keep their counts: an episode is counted once.
         known = {(episode.seq, episode.id): tokens for episode, (_, tokens) in zip(self.raw, self._sizes, strict=True)}
+        clips: dict[tuple[int | None, str], tuple[Episode, int, int]] = {}  # and the clips made: made once
+        for position, (whole, _, tokens) in self._unclipped.items():
+            clipped = self.raw[position - self._base]
+            known[whole.seq, whole.id] = tokens
+            clips[whole.seq, whole.id] = (clipped, *self._sizes[position - self._base])
+        self._unclipped, self._judged = {}, 0
         self.raw, self._sizes, self._links = [], [], []
         self._reach, self._answered_from = [], []
         self._raw_tokens = 0
@@ -190,6 +217,8 @@ class RawWindow:
                 gap_before = len(self.raw)
             self._enter(episode, known.get((episode.seq, episode.id)))
         self._expected.clear()
+        if self._clipping is not None:
+            self._clip_older(self._clipping, clips)
         if last_seq is not None and self._last_seq is not None and last_seq > self._last_seq:
             gap_before = len(self.raw)
         if gap_before and self._waiting:
@@ -209,6 +238,8 @@ class RawWindow:
         """Add new episodes at the end, one at a time, evicting by the rules above."""
         for episode in episodes:
             links = self._enter(episode, None)
+            if self._clipping is not None:
+                self._clip_older(self._clipping)  # before the budgets are checked: a clip may make room
             index = len(self.raw) - 1
             must = index + 1 if links.results and self._orphaned(index, self.evicted) else 0
             if not self._fits(self._budget):
@@ -263,6 +294,10 @@ class RawWindow:
         self._raw_tokens -= sum([tokens for _, tokens in self._sizes[:covered]])
         del self._sizes[:covered]
         del self._links[:covered]
+        if self._unclipped:
+            for position in [position for position in self._unclipped if position < limit]:
+                del self._unclipped[position]
+        self._judged = max(0, self._judged - covered)
         self._base += covered
         self.evicted -= covered
         return covered
@@ -271,8 +306,15 @@ class RawWindow:
 
     @property
     def pending(self) -> list[Episode]:
-        """Evicted episodes waiting for their summary, oldest first."""
-        return self.raw[: self.evicted]
+        """Evicted episodes waiting for their summary, oldest first: as stored, never clipped."""
+        pending = self.raw[: self.evicted]
+        if self._unclipped:
+            base, unclipped = self._base, self._unclipped
+            for index in range(len(pending)):
+                whole = unclipped.get(base + index)
+                if whole is not None:
+                    pending[index] = whole[0]
+        return pending
 
     @property
     def evicted_through(self) -> int | None:
@@ -286,12 +328,19 @@ class RawWindow:
 
     @property
     def tokens(self) -> int:
-        """Tokens of every raw episode, evicted ones included (each counted once, when it entered)."""
+        """Tokens of every raw episode as shown (clipped), evicted ones included (each counted once)."""
         return self._raw_tokens
 
     def sizes(self, count: int) -> list[tuple[int, int]]:
-        """Characters and tokens of ``raw[:count]``."""
-        return self._sizes[:count]
+        """Characters and tokens of ``pending[:count]``: of the stored episodes, never clipped."""
+        sizes = self._sizes[:count]
+        if self._unclipped:
+            base, unclipped = self._base, self._unclipped
+            for index in range(len(sizes)):
+                whole = unclipped.get(base + index)
+                if whole is not None:
+                    sizes[index] = whole[1:]
+        return sizes
 
     def batch_end(self, limit: int, fits: Callable[[int, int, int], bool]) -> int:
         """How many pending episodes the next summary batch takes: a group-safe cut.
@@ -304,7 +353,7 @@ class RawWindow:
         end = 0
         chars = tokens = 0
         last = min(limit, self.evicted)
-        sizes = self._sizes
+        sizes = self.sizes(last) if self._unclipped else self._sizes  # (the summarizer reads them whole)
         while end < last:
             more_chars, more_tokens = sizes[end]
             if end and not fits(end + 1, chars + more_chars, tokens + more_tokens):
@@ -350,6 +399,33 @@ class RawWindow:
         self._window_chars += chars
         self._window_tokens += tokens
         return links
+
+    def _clip_older(
+        self, clipping: ToolClipping, clips: dict[tuple[int | None, str], tuple[Episode, int, int]] | None = None
+    ) -> None:
+        """Clip the tool results that are now older than the newest ``keep_turns`` episodes (each judged once)."""
+        end = len(self.raw) - clipping.keep_turns
+        while self._judged < end:
+            index = self._judged
+            self._judged += 1
+            if not self._links[index].results:
+                continue
+            whole = self.raw[index]
+            made = clips.get((whole.seq, whole.id)) if clips else None
+            if made is None:
+                clipped = clip_episode(whole, clipping)
+                if clipped is None:
+                    continue
+                made = (clipped, len(clipped.content), clipped_tokens(clipped, self._count_tokens))
+            clipped, chars, tokens = made
+            whole_chars, whole_tokens = self._sizes[index]
+            self._unclipped[self._base + index] = (whole, whole_chars, whole_tokens)
+            self.raw[index] = clipped
+            self._sizes[index] = (chars, tokens)
+            self._raw_tokens += tokens - whole_tokens
+            if index >= self.evicted:
+                self._window_chars += chars - whole_chars
+                self._window_tokens += tokens - whole_tokens
 
     def _pair(self, links: ToolLinks, position: int) -> None:
         """Pair the results of the episode at ``position`` with their calls (its own calls first)."""
@@ -490,9 +566,14 @@ class RawWindow:
 
 
 def window_of(
-    episodes: Sequence[Episode], budget: Budget, evict_to: float, count_tokens: Tokenizer, evicted_through: int = 0
+    episodes: Sequence[Episode],
+    budget: Budget,
+    evict_to: float,
+    count_tokens: Tokenizer,
+    evicted_through: int = 0,
+    clipping: ToolClipping | None = None,
 ) -> RawWindow:
     """A window holding ``episodes`` (a convenience for tests and tools)."""
-    window = RawWindow(budget, evict_to, count_tokens)
+    window = RawWindow(budget, evict_to, count_tokens, clipping)
     window.reset(episodes, evicted_through)
     return window
