@@ -75,9 +75,12 @@ class SessionConfig:
     caps how many episodes go into one summarizer call, and
     ``summarize_input_max_chars`` (with a ``tokenizer``, also
     ``summarize_input_max_tokens``) how much text, the previous summary
-    included: a larger backlog takes several calls, and an episode larger than
-    the bound on its own reaches the summarizer cut, with a marker saying so
-    (it stays stored whole); ``summarize_timeout``
+    included: a larger backlog takes several calls. The episodes of a call
+    get at least half of the bound: a previous summary longer than what they
+    leave reaches the summarizer with its middle cut out and a marker saying
+    so (logged; ask the summarizer for shorter summaries), and an episode
+    larger than the episodes' share on its own reaches it cut, with a marker
+    saying so (it stays stored whole); ``summarize_timeout``
     bounds one call (a call that takes longer counts as a failed attempt).
     After ``summarize_set_aside_after`` failed rounds in a row (a round is
     ``summarize_attempts`` tries), the batch is *set aside*: recorded in the

@@ -113,7 +113,7 @@ class SessionActor:
             services.telemetry,
         )
         self._count_tokens = tokenizer_of(config, session_id)
-        self._summary = SessionSummary(self._child, config, self._count_tokens)
+        self._summary = SessionSummary(self._child, config, self._count_tokens, session_id)
         self._retain = (
             None
             if services.retain is None
