@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from . import rendering
-from .episode import Episode
+from .episode import Episode, stored_episode
 
 
 @attrs.frozen
@@ -30,6 +30,10 @@ class Context:
     episodes: tuple[Episode, ...]
     evicted_through: int
     tokens: int = 0
+
+    def handed_out(self) -> Context:
+        """This context as a caller gets it: its episodes copied (see :func:`handed_out`)."""
+        return attrs.evolve(self, episodes=handed_out(self.episodes))
 
     def to_openai_chat(self) -> list[dict[str, Any]]:
         """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes.
@@ -54,3 +58,35 @@ class Context:
         ``tool_use``. See :mod:`memengine.rendering`.
         """
         return rendering.to_anthropic(self)
+
+
+def handed_out(episodes: tuple[Episode, ...]) -> tuple[Episode, ...]:
+    """Copies of ``episodes`` sharing nothing mutable with them: what a caller of ``add`` or ``context`` gets.
+
+    Episodes are frozen, but their metadata is a dict (of dicts and lists):
+    a caller editing what it was handed must not edit the session's own
+    episodes, which later reads show. Metadata holds only JSON values, so the
+    deep copy is a plain walk (a few microseconds for a usual episode).
+    """
+    return tuple(
+        [
+            stored_episode(
+                episode.role,
+                episode.content,
+                episode.id,
+                episode.created_at,
+                _json_copy(episode.metadata),
+                episode.seq,  # type: ignore[arg-type]
+            )
+            for episode in episodes
+        ]
+    )
+
+
+def _json_copy(value: Any) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return {key: _json_copy(item) for key, item in value.items()} if value else {}
+    if kind is list:
+        return [_json_copy(item) for item in value]
+    return value  # str, int, float, bool, None: immutable

@@ -38,7 +38,7 @@ import attrs
 
 from ..actor.mailbox import Mailbox
 from ..config import SessionConfig
-from ..context import Context
+from ..context import Context, handed_out
 from ..errors import EngineClosedError, LeaseLostError, MemEngineError, SessionBusyError, StoreError
 from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
@@ -404,7 +404,7 @@ class SessionActor:
                 self._keep_boundary()
         # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
         for message, own in batch.split(results):
-            self._answer(message, tuple([episode for episode, _ in own]))
+            self._answer(message, handed_out(tuple([episode for episode, _ in own])))  # the window keeps its own
         if new:
             if window.evicted and not self._summary.busy:  # (what dispatch checks first, asked here per add)
                 self._dispatch_summary()

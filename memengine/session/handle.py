@@ -14,7 +14,7 @@ import anyio.lowlevel
 
 from ..actor.reply import Reply
 from ..config import SessionConfig
-from ..context import Context
+from ..context import Context, handed_out
 from ..episode import Episode, encode_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
 from ..limits import require_seq
@@ -105,7 +105,7 @@ class Session:
         with self._engine._telemetry.operation("search_memory", "context", self._id) as traced:
             if not isinstance(wait_for_summary, bool):
                 raise TypeError(f"wait_for_summary must be a bool, not {type(wait_for_summary).__name__}")
-            context: Context = await self._request(ReadContext, wait_for_summary)
+            context: Context = (await self._request(ReadContext, wait_for_summary)).handed_out()
             traced.count(len(context.episodes))
             traced.content("gen_ai.memory.content", context.to_openai_chat)
             return context
@@ -199,7 +199,9 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[E
         if episode.metadata or len(episode.content) > config.max_content_chars:
             break
     else:
-        return batch  # the usual case: nothing to refuse, no metadata to snapshot
+        # The usual case: nothing to refuse, no metadata to snapshot, but the caller's empty dicts
+        # are not shared with the session either (handed_out copies them).
+        return handed_out(batch)
     checked = []
     for episode in batch:
         if len(episode.content) > config.max_content_chars:
@@ -223,6 +225,8 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[E
                 metadata,
                 episode.seq,  # type: ignore[arg-type]
             )
+        else:
+            (episode,) = handed_out((episode,))  # its empty dict is the caller's, not the session's
         checked.append(episode)
     return tuple(checked)
 
