@@ -5,7 +5,7 @@ summary of what left the window, backed by a durable, event-sourced store.
 """
 
 from .config import SessionConfig
-from .context import Context
+from .context import Context, Omitted
 from .engine import Engine, open_engine
 from .episode import Episode
 from .errors import (
@@ -56,6 +56,7 @@ __all__ = [
     "ForgettingSink",
     "LeaseLostError",
     "MemEngineError",
+    "Omitted",
     "OpenAISummarizer",
     "Recalled",
     "RetainBatch",

@@ -107,6 +107,18 @@ class SessionConfig:
     bound what one episode may hold: ``add`` refuses a larger one with
     ``ValueError`` and stores nothing of that call.
 
+    ``max_context_tokens`` is the ceiling on what ``context()`` returns
+    (``Context.tokens``: the summary, the raw episodes, and the note on what is
+    left out); ``None``, the default, means twice ``max_tokens`` (and no
+    ceiling when ``max_tokens`` is ``None`` too). The window stays within
+    ``max_tokens``, but episodes that left it stay shown raw until their
+    summary is stored, so a lagging summarizer would otherwise let a context
+    grow without bound. A read that would pass the ceiling first waits up to
+    ``max_context_wait`` seconds (default 2; ``0``: never waits) for the
+    summarizer; past that it returns the newest episodes within the ceiling
+    and says what it left out (``Context.omitted``: episodes neither
+    summarized nor shown). Writers never wait for it.
+
     ``mailbox_capacity`` bounds the calls waiting for one session: when that
     many are queued unhandled, a further call waits for room before it is sent
     (back-pressure; a call cancelled while it waits was not sent).
@@ -147,3 +159,12 @@ class SessionConfig:
     lease_ttl: float = attrs.field(default=10.0, validator=_positive_seconds)
     lease_wait: float = attrs.field(default=12.0, validator=_non_negative_seconds)
     mailbox_capacity: int = attrs.field(default=1000, validator=_positive_int)
+    max_context_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    max_context_wait: float = attrs.field(default=2.0, validator=_non_negative_seconds)
+
+    @property
+    def context_ceiling(self) -> int | None:
+        """The token ceiling of ``context()``: ``max_context_tokens``, else twice ``max_tokens`` (None: none)."""
+        if self.max_context_tokens is not None:
+            return self.max_context_tokens
+        return None if self.max_tokens is None else 2 * self.max_tokens

@@ -11,6 +11,35 @@ from .episode import Episode, stored_episode
 
 
 @attrs.frozen
+class Omitted:
+    """Live episodes a read left out to stay within its token ceiling: neither summarized nor shown.
+
+    They are the ``count`` live episodes with ``first_seq <= seq <= last_seq``
+    (``tokens`` of them), between what the summary covers and the episodes
+    shown. They are stored; they were evicted (or, with a summary too large
+    for the ceiling, are the window's oldest) and their summary was not
+    stored yet when the read was answered. A later read shows them summarized.
+    """
+
+    first_seq: int
+    last_seq: int
+    count: int
+    tokens: int
+
+    @property
+    def note(self) -> str:
+        """A line saying what is left out, for the model (``Context.tokens`` counts it)."""
+        return OMITTED_NOTE.format(first=self.first_seq, last=self.last_seq, count=self.count, tokens=self.tokens)
+
+
+#: What a model is told of the episodes a context left out (see :attr:`Omitted.note`).
+OMITTED_NOTE = (
+    "[memengine: episodes {first}..{last} ({count}, about {tokens} tokens) are left out here: "
+    "not shown, to stay within the token ceiling, and not in the summary yet (the summarizer is behind)]"
+)
+
+
+@attrs.frozen
 class Context:
     """A session's memory as the agent should see it.
 
@@ -19,7 +48,13 @@ class Context:
     live episode after that, in order. Together they cover the session with no
     gap and no overlap. Episodes with ``seq <= evicted_through`` have left the
     window and are waiting for their summary; they stay visible raw until it is
-    stored. ``tokens`` counts the summary and the episodes returned, by the
+    stored, within the session's token ceiling
+    (``SessionConfig.max_context_tokens``, by default twice ``max_tokens``):
+    past it, the oldest of them are left out and ``omitted`` says which
+    (:class:`Omitted`), so the summary, ``omitted`` and ``episodes`` still
+    cover the session with no gap and no overlap; ``omitted`` is ``None``
+    when nothing is left out. ``tokens`` counts the summary, the episodes
+    returned and, when something is left out, ``omitted.note``, by the
     session's tokenizer (``SessionConfig.tokenizer``, else an offline
     estimate), so a caller can budget the rest of its prompt.
     """
@@ -30,6 +65,7 @@ class Context:
     episodes: tuple[Episode, ...]
     evicted_through: int
     tokens: int = 0
+    omitted: Omitted | None = None
 
     def handed_out(self) -> Context:
         """This context as a caller gets it: its episodes copied (see :func:`handed_out`)."""

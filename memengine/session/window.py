@@ -231,6 +231,26 @@ class RawWindow:
         self._uncounted = 0
         return self._counted_total
 
+    def newest_within(self, tokens: int) -> tuple[int, int]:
+        """Where a view of at most ``tokens`` tokens starts, and its tokens: the newest raw episodes that fit.
+
+        The start never separates a result from its call (it moves on past
+        the group instead), so the view is still a valid request prefix.
+        """
+        total = self.tokens  # (counts every raw episode not counted yet: each is counted once)
+        if total <= tokens:
+            return 0, total
+        counted: list[int] = self._counted  # type: ignore[assignment]
+        start = len(counted)
+        shown = 0
+        while start and shown + counted[start - 1] <= tokens:
+            start -= 1
+            shown += counted[start]
+        safe = self._group_closure(0, start)
+        if safe > start:
+            shown -= sum(counted[start:safe])
+        return safe, shown
+
     def sizes(self, count: int) -> list[tuple[int, int]]:
         """Characters and tokens of ``raw[:count]``."""
         return self._sizes[:count]
