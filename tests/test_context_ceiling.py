@@ -108,7 +108,7 @@ async def test_a_lagging_summarizer_never_lets_a_context_pass_the_ceiling(store_
 async def test_a_read_waits_for_the_summarizer_rather_than_leave_episodes_out(db_path) -> None:
     summarizer = LaggingSummarizer(latency=0)
     summarizer.gate = anyio.Event()
-    config = SessionConfig(max_episodes=1000, max_tokens=MAX_TOKENS, tokenizer=words, max_context_wait=3600, **LEASES)
+    config = SessionConfig(max_episodes=1000, max_tokens=MAX_TOKENS, tokenizer=words, max_context_wait=10**6, **LEASES)
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
         session = engine.session("s")
         for n in range(1, 61):  # 60 turns of 33 words: the evicted ones push a context past the ceiling
@@ -151,7 +151,7 @@ async def test_a_summary_set_aside_answers_the_waiting_read_with_the_ceiling_vie
         for n in range(1, 61):
             (stored,) = await session.add([turn(n)])
             contents[stored.seq] = stored.content
-        with anyio.fail_after(60):  # nothing to wait for once the batch is set aside
+        with anyio.fail_after(600):  # well before max_context_wait: nothing to wait for once the batch is set aside
             context = await session.context()
     check_within_ceiling(context, 60, contents)
     assert context.omitted is not None and context.summary is None
