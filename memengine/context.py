@@ -62,14 +62,29 @@ class Context:
     session_id: str
     summary: str | None
     summarized_through: int
-    episodes: tuple[Episode, ...]
+    _episodes: tuple[Episode, ...] = attrs.field(alias="episodes")
     evicted_through: int
     tokens: int = 0
     omitted: Omitted | None = None
+    # The copies of the episodes this object hands out, made when first asked for (see episodes).
+    _copies: list[tuple[Episode, ...]] = attrs.field(init=False, factory=list, eq=False, repr=False)
+
+    @property
+    def episodes(self) -> tuple[Episode, ...]:
+        """The raw episodes, oldest first: this context's own copies (editing them changes nothing else).
+
+        Copied on first access, not per read: a read whose caller only looks at
+        ``tokens`` or the summary costs nothing per episode. The session never
+        changes the episodes it copies from (they are frozen, and no caller
+        is ever handed their metadata), so a late copy is the same as an early one.
+        """
+        if not self._copies:
+            self._copies.append(handed_out(self._episodes))
+        return self._copies[0]
 
     def handed_out(self) -> Context:
-        """This context as a caller gets it: its episodes copied (see :func:`handed_out`)."""
-        return attrs.evolve(self, episodes=handed_out(self.episodes))
+        """This context as one caller gets it: with copies of its own (several callers may get one read)."""
+        return attrs.evolve(self)
 
     def to_openai_chat(self) -> list[dict[str, Any]]:
         """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes.

@@ -117,7 +117,8 @@ class Session:
             else:
                 context = await self._within_ceiling()
             context = context.handed_out()
-            traced.count(len(context.episodes))
+            if traced is not NO_OPERATION:  # (len(context.episodes) makes the caller's copies)
+                traced.count(len(context.episodes))
             traced.content("gen_ai.memory.content", context.to_openai_chat)
             return context
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 
 from ..config import SessionConfig
+from ..context import handed_out
 from ..episode import Episode, stored_episode
 from ..errors import StoreError
 from ..store.base import SessionSnapshot, SetAside
@@ -138,7 +139,8 @@ class SessionSummary:
             batch_chars = sum([len(episode.content) for episode in batch])
             batch_tokens = 0 if max_tokens is None else sum([self._count_tokens(e.content) for e in batch])
         previous = self._previous_for(batch, input_chars - batch_chars, input_tokens, batch_tokens)
-        self._child.submit(SummarizeBatch(self.generation, previous, batch, token))
+        # The summarizer is the user's code: it gets copies, so nothing it does changes the window.
+        self._child.submit(SummarizeBatch(self.generation, previous, handed_out(batch), token))
         self._in_flight = True
 
     def _previous_for(
