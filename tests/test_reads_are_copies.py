@@ -63,3 +63,27 @@ async def test_readers_answered_together_each_get_their_own_copy(db_path) -> Non
             summarizer.release()
         contexts[0].episodes[-1].metadata["injected"] = True
     assert contexts[1].episodes[-1].metadata == {}
+
+
+async def test_a_summarizer_editing_its_batch_changes_no_later_read(db_path) -> None:
+    class Meddling:
+        def __init__(self) -> None:
+            self.edited = anyio.Event()
+            self.release = anyio.Event()
+
+        async def summarize(self, previous, episodes) -> str:
+            for episode in episodes:
+                episode.metadata["summarized"] = True
+            self.edited.set()
+            await self.release.wait()
+            return "summary"
+
+    summarizer = Meddling()
+    async with open_engine(db_path, summarizer=summarizer, config=SessionConfig(max_episodes=2)) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", f"turn {n}", metadata={"n": n}) for n in range(4)])
+        await summarizer.edited.wait()
+        context = await session.context()  # the evicted episodes are still shown raw
+        summarizer.release.set()
+    assert context.evicted_through > 0
+    assert [episode.metadata for episode in context.episodes] == [{"n": n} for n in range(4)]
