@@ -155,3 +155,41 @@ async def test_a_summary_set_aside_answers_the_waiting_read_with_the_ceiling_vie
             context = await session.context()
     check_within_ceiling(context, 60, contents)
     assert context.omitted is not None and context.summary is None
+
+
+async def test_a_summary_alone_past_the_ceiling_is_shown_whole_and_every_raw_episode_said_left_out(db_path) -> None:
+    class Verbose:
+        async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+            return "word " * 2 * CEILING  # a summary larger than the ceiling on its own
+
+    config = SessionConfig(max_episodes=1000, max_tokens=MAX_TOKENS, tokenizer=words, **LEASES)
+    contents = {}
+    async with open_engine(db_path, summarizer=Verbose(), config=config) as engine:
+        session = engine.session("s")
+        for n in range(1, 31):
+            (stored,) = await session.add([turn(n)])
+            contents[stored.seq] = stored.content
+        context = await session.context(wait_for_summary=True)
+    # The one documented exception to the ceiling: the summary cannot be cut without losing what it covers.
+    assert words(context.summary) == 2 * CEILING and context.episodes == ()
+    assert context.omitted is not None and context.omitted.last_seq == 30
+    assert context.tokens == 2 * CEILING + words(context.omitted.note)
+
+
+def test_the_cut_for_the_ceiling_never_separates_a_tool_call_from_its_results() -> None:
+    from memengine.episode import with_seq
+    from memengine.session.window import Budget, window_of
+    from memengine.tool_calls import answering, calling
+
+    script = []
+    for n in range(0, 60, 3):  # a call, its result, a reply: 3 words each
+        script += [
+            with_seq(Episode("assistant", "call number one", metadata=calling([f"c{n}"])), seq=n + 1),
+            with_seq(Episode("tool", "result number one", metadata=answering(f"c{n}")), seq=n + 2),
+            with_seq(Episode("assistant", "reply number one"), seq=n + 3),
+        ]
+    window = window_of(script, Budget(1000, 10**6, 1000), 0.5, words)
+    for room in range(0, 3 * len(script) + 1):
+        start, shown = window.newest_within(room)
+        assert shown <= room and shown == 3 * (len(script) - start)
+        assert start == len(script) or script[start].role != "tool"  # never a result shown without its call
