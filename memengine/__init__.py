@@ -6,7 +6,7 @@ summary of what left the window, backed by a durable, event-sourced store.
 
 from .clipping import ToolClipping
 from .config import SessionConfig
-from .context import Context
+from .context import Context, Omitted
 from .engine import Engine, open_engine
 from .episode import Episode
 from .errors import (
@@ -59,6 +59,7 @@ __all__ = [
     "ForgettingSink",
     "LeaseLostError",
     "MemEngineError",
+    "Omitted",
     "OpenAISummarizer",
     "Recalled",
     "RetainBatch",

@@ -95,9 +95,12 @@ class SessionConfig:
     caps how many episodes go into one summarizer call, and
     ``summarize_input_max_chars`` (with a ``tokenizer``, also
     ``summarize_input_max_tokens``) how much text, the previous summary
-    included: a larger backlog takes several calls, and an episode larger than
-    the bound on its own reaches the summarizer cut, with a marker saying so
-    (it stays stored whole); ``summarize_timeout``
+    included: a larger backlog takes several calls. The episodes of a call
+    get at least half of the bound: a previous summary longer than what they
+    leave reaches the summarizer with its middle cut out and a marker saying
+    so (logged; ask the summarizer for shorter summaries), and an episode
+    larger than the episodes' share on its own reaches it cut, with a marker
+    saying so (it stays stored whole); ``summarize_timeout``
     bounds one call (a call that takes longer counts as a failed attempt).
     After ``summarize_set_aside_after`` failed rounds in a row (a round is
     ``summarize_attempts`` tries), the batch is *set aside*: recorded in the
@@ -138,6 +141,18 @@ class SessionConfig:
     for tool-heavy agents (file readers, search, shells), where old outputs
     are most of the tokens and their middle rarely matters; the default
     ``ToolClipping()`` is conservative.
+
+    ``max_context_tokens`` is the ceiling on what ``context()`` returns
+    (``Context.tokens``: the summary, the raw episodes, and the note on what is
+    left out); ``None``, the default, means twice ``max_tokens`` (and no
+    ceiling when ``max_tokens`` is ``None`` too). The window stays within
+    ``max_tokens``, but episodes that left it stay shown raw until their
+    summary is stored, so a lagging summarizer would otherwise let a context
+    grow without bound. A read that would pass the ceiling first waits up to
+    ``max_context_wait`` seconds (default 2; ``0``: never waits) for the
+    summarizer; past that it returns the newest episodes within the ceiling
+    and says what it left out (``Context.omitted``: episodes neither
+    summarized nor shown). Writers never wait for it.
 
     ``mailbox_capacity`` bounds the calls waiting for one session: when that
     many are queued unhandled, a further call waits for room before it is sent
@@ -182,3 +197,12 @@ class SessionConfig:
     tool_clipping: ToolClipping | None = attrs.field(
         default=None, converter=_clipping_from_dict, validator=_optional_clipping
     )
+    max_context_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    max_context_wait: float = attrs.field(default=2.0, validator=_non_negative_seconds)
+
+    @property
+    def context_ceiling(self) -> int | None:
+        """The token ceiling of ``context()``: ``max_context_tokens``, else twice ``max_tokens`` (None: none)."""
+        if self.max_context_tokens is not None:
+            return self.max_context_tokens
+        return None if self.max_tokens is None else 2 * self.max_tokens

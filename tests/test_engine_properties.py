@@ -608,7 +608,10 @@ class EngineMachine(RuleBasedStateMachine):
         # No gap, no overlap: the summary covers exactly the live episodes up to
         # summarized_through, and the raw episodes are exactly the rest, in order.
         expected = [content for _, content in self.live[session]]
-        assert covered(context.summary) + [e.content for e in context.episodes] == expected
+        omitted = context.omitted  # left out for the token ceiling: said, never hidden
+        left_out = [c for seq, c in self.live[session] if omitted and omitted.first_seq <= seq <= omitted.last_seq]
+        assert covered(context.summary) + left_out + [e.content for e in context.episodes] == expected
+        assert omitted is None or (len(left_out) == omitted.count and context.tokens <= self.config.context_ceiling)
         assert all(e.seq > context.summarized_through for e in context.episodes)
         assert [e.seq for e in context.episodes] == sorted(e.seq for e in context.episodes)
         assert context.summarized_through <= context.evicted_through

@@ -29,6 +29,7 @@ def test_exports_are_deliberate() -> None:
         "ForgettingSink",
         "LeaseLostError",
         "MemEngineError",
+        "Omitted",
         "OpenAISummarizer",
         "Recalled",
         "RetainBatch",

@@ -38,7 +38,7 @@ import attrs
 
 from ..actor.mailbox import Mailbox
 from ..config import SessionConfig
-from ..context import Context
+from ..context import Context, Omitted, handed_out
 from ..errors import EngineClosedError, LeaseLostError, MemEngineError, SessionBusyError, StoreError
 from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
@@ -114,7 +114,7 @@ class SessionActor:
             services.telemetry,
         )
         self._count_tokens = tokenizer_of(config, session_id)
-        self._summary = SessionSummary(self._child, config, self._count_tokens)
+        self._summary = SessionSummary(self._child, config, self._count_tokens, session_id)
         self._retain = (
             None
             if services.retain is None
@@ -123,6 +123,7 @@ class SessionActor:
             )
         )
         self._waiting = WaitingReads()
+        self._context_ceiling = config.context_ceiling
         # State, recovered from the store on activation.
         self._last_seq = 0
         self._window = RawWindow(
@@ -409,7 +410,7 @@ class SessionActor:
                 self._keep_boundary()
         # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
         for message, own in batch.split(results):
-            self._answer(message, tuple([episode for episode, _ in own]))
+            self._answer(message, handed_out(tuple([episode for episode, _ in own])))  # the window keeps its own
         if new:
             if window.evicted and not self._summary.busy:  # (what dispatch checks first, asked here per add)
                 self._dispatch_summary()
@@ -430,7 +431,19 @@ class SessionActor:
         elif message.wait_for_summary and evicted_through is not None:
             self._waiting.add(message, evicted_through)
         else:
-            self._answer(message, self._context())
+            context = self._context()
+            omitted = context.omitted
+            if (
+                message.wait_for_ceiling
+                and omitted is not None
+                and evicted_through is not None
+                and self._summary.set_aside is None
+            ):
+                # Over the ceiling while the summarizer is behind: wait for the summary of the evicted
+                # episodes left out (the caller bounds the wait, then reads again without it).
+                self._waiting.add(message, min(omitted.last_seq, evicted_through))
+            else:
+                self._answer(message, context)
 
     async def _on_delete(self, message: DeleteEpisodes) -> None:
         await self._settle_append()
@@ -494,8 +507,14 @@ class SessionActor:
     async def _on_summary_failed(self, message: SummaryFailed) -> None:
         error = await self._summary_results.failed(message)
         if error is not None:
-            for read in self._waiting.take_all():
-                self._fail(read, error)
+            reads = self._waiting.take_all()
+            context = None
+            for read in reads:
+                if read.wait_for_summary:
+                    self._fail(read, error)
+                else:  # it waited for room under the ceiling: none is coming soon, so it gets the ceiling's view
+                    context = context or self._context()
+                    self._answer(read, context)
 
     async def _on_retry_summary(self, message: RetrySummary) -> None:
         await self._settle_append()
@@ -578,14 +597,29 @@ class SessionActor:
             self._recorder.record(self.session_id, message, None, error)
 
     def _context(self) -> Context:
-        evicted_through = self._window.evicted_through
+        window = self._window
+        evicted_through = window.evicted_through
+        summary_tokens = self._summary.tokens
+        raw, raw_tokens = window.raw, window.tokens
+        start, shown_tokens, omitted, note_tokens = 0, raw_tokens, None, 0
+        ceiling = self._context_ceiling
+        if ceiling is not None and summary_tokens + raw_tokens > ceiling:
+            # Past the ceiling (a summarizer lagging behind the evictions): the newest episodes that fit
+            # beside the summary and the note saying what is left out (counted at its longest).
+            longest = Omitted(raw[-1].seq, raw[-1].seq, len(raw), raw_tokens)  # type: ignore[arg-type]
+            room = ceiling - summary_tokens - self._count_tokens(longest.note)
+            start, shown_tokens = window.newest_within(max(room, 0))
+            if start:
+                omitted = Omitted(raw[0].seq, raw[start - 1].seq, start, raw_tokens - shown_tokens)  # type: ignore[arg-type]
+                note_tokens = self._count_tokens(omitted.note)
         return Context(
             session_id=self.session_id,
             summary=self._summary.text,
             summarized_through=self._summary.through,
-            episodes=tuple(self._window.raw),
+            episodes=tuple(raw[start:]) if start else tuple(raw),
             evicted_through=self._summary.through if evicted_through is None else evicted_through,
-            tokens=self._summary.tokens + self._window.tokens,
+            tokens=summary_tokens + note_tokens + shown_tokens,
+            omitted=omitted,
         )
 
 

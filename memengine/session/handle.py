@@ -14,7 +14,7 @@ import anyio.lowlevel
 
 from ..actor.reply import Reply
 from ..config import SessionConfig
-from ..context import Context
+from ..context import Context, handed_out
 from ..episode import Episode, encode_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
 from ..limits import require_seq
@@ -124,6 +124,13 @@ class Session:
     async def context(self, *, wait_for_summary: bool = False) -> Context:
         """The summary and the raw episodes after it, with no gap and no overlap.
 
+        Within the session's token ceiling (``SessionConfig.max_context_tokens``,
+        by default twice ``max_tokens``): a context that would pass it while the
+        summarizer is behind first waits up to ``max_context_wait`` seconds for
+        it, then leaves the oldest unsummarized episodes out and says so in
+        ``Context.omitted``. The episodes are the caller's copies: editing them
+        changes nothing the session holds.
+
         With ``wait_for_summary=True``, first wait until every episode evicted
         before this call is covered by a stored summary. Cancelling this wait
         affects no one else: the summarizer keeps going. ``wait_for_summary``
@@ -132,10 +139,31 @@ class Session:
         with self._engine._telemetry.operation("search_memory", "context", self._id) as traced:
             if not isinstance(wait_for_summary, bool):
                 raise TypeError(f"wait_for_summary must be a bool, not {type(wait_for_summary).__name__}")
-            context: Context = await self._request(ReadContext, wait_for_summary)
-            traced.count(len(context.episodes))
+            if wait_for_summary:
+                context: Context = await self._request(ReadContext, True, False)
+            else:
+                context = await self._within_ceiling()
+            context = context.handed_out()
+            if traced is not NO_OPERATION:  # (len(context.episodes) makes the caller's copies)
+                traced.count(len(context.episodes))
             traced.content("gen_ai.memory.content", context.to_openai_chat)
             return context
+
+    async def _within_ceiling(self) -> Context:
+        """A read that waits up to ``max_context_wait`` for the summarizer rather than leave episodes out.
+
+        The session answers at once when the context fits its ceiling (or
+        waiting cannot help); else it keeps the read until the summary of the
+        episodes it would leave out is stored. Past the wait, that read is
+        abandoned (which leaves nothing behind) and a second one takes the
+        ceiling's view as it is then, the left-out episodes in ``omitted``.
+        """
+        config = self._engine.config
+        if config.max_context_wait and config.context_ceiling is not None:
+            with anyio.move_on_after(config.max_context_wait):
+                context: Context = await self._request(ReadContext, False, True)
+                return context
+        return await self._request(ReadContext, False, False)  # type: ignore[no-any-return]
 
     async def delete_episodes(self, seqs: Iterable[int]) -> int:
         """Delete episodes by seq; return how many existed and were deleted.
@@ -229,7 +257,9 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[E
         if episode.metadata or len(episode.content) > config.max_content_chars:
             break
     else:
-        return batch  # the usual case: nothing to refuse, no metadata to snapshot
+        # The usual case: nothing to refuse, no metadata to snapshot, but the caller's empty dicts
+        # are not shared with the session either (handed_out copies them).
+        return handed_out(batch)
     checked = []
     for episode in batch:
         if len(episode.content) > config.max_content_chars:
@@ -253,6 +283,8 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[E
                 metadata,
                 episode.seq,  # type: ignore[arg-type]
             )
+        else:
+            (episode,) = handed_out((episode,))  # its empty dict is the caller's, not the session's
         checked.append(episode)
     return tuple(checked)
 

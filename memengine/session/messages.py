@@ -26,7 +26,10 @@ class AddEpisodes:
 
 @attrs.frozen(eq=False)
 class ReadContext:
+    """A context read; with ``wait_for_ceiling``, one that waits rather than leave out episodes (see handle.py)."""
+
     wait_for_summary: bool
+    wait_for_ceiling: bool
     reply: Reply[Context]
 
 

@@ -122,11 +122,14 @@ def episode_json(episode: Episode) -> dict[str, Any]:
 
 
 def context_json(context: Context) -> dict[str, Any]:
-    return {
+    outcome: dict[str, Any] = {
         "summarized_through": context.summarized_through,
         "evicted_through": context.evicted_through,
         "seqs": [e.seq for e in context.episodes],
     }
+    if context.omitted is not None:  # left out for the token ceiling (timing-dependent, like summarized_through)
+        outcome["omitted"] = [context.omitted.first_seq, context.omitted.last_seq]
+    return outcome
 
 
 def _engine_json(config: SessionConfig, summarizer: object) -> dict[str, Any]:

@@ -4,9 +4,13 @@ Evicted episodes go to the child in batches (one batch in flight; everything
 evicted meanwhile goes into the next call). A batch holds at most
 ``summarize_batch_max`` episodes and, with the previous summary, at most
 ``summarize_input_max_chars`` characters (and ``summarize_input_max_tokens``
-tokens, if set); it never ends between a tool call and its results. An
-episode too large for a call on its own is given to the summarizer cut, with
-a marker saying so; the store keeps it whole.
+tokens, if set); it never ends between a tool call and its results. The
+episodes get what the previous summary leaves of that bound, and at least
+half of it: a summary that outgrew what they leave is given to the call with
+its middle cut out and a marker saying so (logged; the summarizer should
+write a shorter one), so a growing summary never crowds the episodes out. An
+episode too large for the episodes' share on its own is given to the
+summarizer cut, with a marker saying so; the store keeps it whole.
 They stay visible raw until the child acknowledges a *stored* summary. The
 generation (changed by clear and delete) fences off work computed before it:
 the store refuses such a summary, and its acknowledgement is ignored here.
@@ -22,7 +26,10 @@ store side, are in summary_results.py.
 
 from __future__ import annotations
 
+import logging
+
 from ..config import SessionConfig
+from ..context import handed_out
 from ..episode import Episode, stored_episode
 from ..errors import StoreError
 from ..store.base import SessionSnapshot, SetAside
@@ -31,9 +38,15 @@ from ..tokens import Tokenizer
 from .messages import SummaryFailed, SummaryStored
 from .window import RawWindow
 
+log = logging.getLogger("memengine.session")
+
 
 class SessionSummary:
-    def __init__(self, child: SummarizerActor, config: SessionConfig, count_tokens: Tokenizer) -> None:
+    def __init__(
+        self, child: SummarizerActor, config: SessionConfig, count_tokens: Tokenizer, session_id: str = ""
+    ) -> None:
+        self._session_id = session_id
+        self._summary_cut_logged = False  # warned once per activation, then at debug level
         self._child = child
         self._config = config
         self._count_tokens = count_tokens
@@ -100,10 +113,12 @@ class SessionSummary:
         if not window.evicted or self.busy or self.set_aside is not None:
             return
         config = self._config
-        max_chars = max(config.summarize_input_max_chars - len(self.text or ""), 1)
-        max_tokens = config.summarize_input_max_tokens
-        if max_tokens is not None:
-            max_tokens = max(max_tokens - self.tokens, 1)
+        # The episodes get what the previous summary leaves of the input bound, and at least half
+        # of it: a summary that outgrew the bound is cut for the call (below), never the episodes.
+        input_chars = config.summarize_input_max_chars
+        max_chars = max(input_chars - len(self.text or ""), input_chars // 2, 1)
+        input_tokens = config.summarize_input_max_tokens
+        max_tokens = None if input_tokens is None else max(input_tokens - self.tokens, input_tokens // 2, 1)
 
         def fits(episodes: int, chars: int, tokens: int) -> bool:
             return chars <= max_chars and (max_tokens is None or tokens <= max_tokens)
@@ -114,13 +129,51 @@ class SessionSummary:
             max_tokens is None or max([tokens for _, tokens in sizes]) <= max_tokens
         ):
             batch = tuple(pending)  # (the usual case: no episode needs cutting)
+            batch_chars = sum([chars for chars, _ in sizes])
+            batch_tokens = sum([tokens for _, tokens in sizes])
         else:
             batch = tuple(
                 _cut(episode, chars, tokens, max_chars, max_tokens)
                 for episode, (chars, tokens) in zip(pending, sizes, strict=True)
             )
-        self._child.submit(SummarizeBatch(self.generation, self.text, batch, token))
+            batch_chars = sum([len(episode.content) for episode in batch])
+            batch_tokens = 0 if max_tokens is None else sum([self._count_tokens(e.content) for e in batch])
+        previous = self._previous_for(batch, input_chars - batch_chars, input_tokens, batch_tokens)
+        # The summarizer is the user's code: it gets copies, so nothing it does changes the window.
+        self._child.submit(SummarizeBatch(self.generation, previous, handed_out(batch), token))
         self._in_flight = True
+
+    def _previous_for(
+        self, batch: tuple[Episode, ...], room_chars: int, input_tokens: int | None, batch_tokens: int
+    ) -> str | None:
+        """The previous summary as the call gets it: whole if it fits beside ``batch``, else cut, saying so."""
+        text = self.text
+        if text is None:
+            return None
+        room_tokens = None if input_tokens is None else input_tokens - batch_tokens
+        if len(text) <= room_chars and (room_tokens is None or self.tokens <= room_tokens):
+            return text
+        keep = room_chars
+        if room_tokens is not None and self.tokens > room_tokens:
+            keep = min(keep, len(text) * room_tokens // max(self.tokens, 1))  # by the summary's own density
+        cut = _cut_summary(text, keep)
+        if room_tokens is not None:
+            while keep > 0 and self._count_tokens(cut) > room_tokens:  # the marker's own tokens
+                keep = keep * 9 // 10
+                cut = _cut_summary(text, keep)
+        log.log(
+            logging.DEBUG if self._summary_cut_logged else logging.WARNING,
+            "session %r: the previous summary (%d characters) does not fit beside the %d episode(s) of this "
+            "summarizer call (summarize_input_max_chars=%d, summarize_input_max_tokens=%s); it is given cut, "
+            "its middle left out and marked: the summarizer should write shorter summaries",
+            self._session_id,
+            len(text),
+            len(batch),
+            self._config.summarize_input_max_chars,
+            input_tokens,
+        )
+        self._summary_cut_logged = True
+        return cut
 
     def stored(self, message: SummaryStored, window: RawWindow, now: float) -> bool:
         """The child's acknowledgement; True if the summary now covers more of the window."""
@@ -158,6 +211,23 @@ class SessionSummary:
 
     def _count(self, summary: str | None) -> int:
         return 0 if summary is None else self._count_tokens(summary)
+
+
+#: Put in the middle of a previous summary too long to go whole beside a call's episodes, where its middle was.
+SUMMARY_CUT_MARKER = (
+    "\n[memengine: {left_out} of the previous summary's {total} characters are left out here, "
+    "to leave room for the new episodes; write a shorter summary]\n"
+)
+
+
+def _cut_summary(text: str, keep: int) -> str:
+    """``text`` in at most ``keep`` characters: its beginning and its end, the marker between them."""
+    marker = SUMMARY_CUT_MARKER.format(left_out=len(text), total=len(text))  # (its longest form)
+    shown = max(keep - len(marker), 0)
+    head = shown // 2
+    tail = shown - head
+    marker = SUMMARY_CUT_MARKER.format(left_out=len(text) - shown, total=len(text))
+    return text[:head] + marker + text[len(text) - tail :]
 
 
 #: Appended to an episode's text when the summarizer is given only its beginning.

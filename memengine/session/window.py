@@ -331,6 +331,26 @@ class RawWindow:
         """Tokens of every raw episode as shown (clipped), evicted ones included (each counted once)."""
         return self._raw_tokens
 
+    def newest_within(self, tokens: int) -> tuple[int, int]:
+        """Where a view of at most ``tokens`` tokens starts, and its tokens: the newest raw episodes that fit.
+
+        The start never separates a result from its call (it moves on past
+        the group instead), so the view is still a valid request prefix.
+        """
+        total = self.tokens  # kept up to date as episodes enter and leave: nothing is counted here
+        if total <= tokens:
+            return 0, total
+        sizes = self._sizes  # (characters, tokens) of each raw episode as shown
+        start = len(sizes)
+        shown = 0
+        while start and shown + sizes[start - 1][1] <= tokens:
+            start -= 1
+            shown += sizes[start][1]
+        safe = self._group_closure(0, start)
+        if safe > start:
+            shown -= sum(size[1] for size in sizes[start:safe])
+        return safe, shown
+
     def sizes(self, count: int) -> list[tuple[int, int]]:
         """Characters and tokens of ``pending[:count]``: of the stored episodes, never clipped."""
         sizes = self._sizes[:count]
