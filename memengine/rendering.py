@@ -90,6 +90,19 @@ class Renderable(Protocol):
     def episodes(self) -> tuple[Episode, ...]: ...
 
 
+def _system_text(context: Renderable) -> str | None:
+    """The summary's system-level text, and the note on what a ceiling left out (``Context.omitted``).
+
+    ``Context.tokens`` counts that note: a rendering without it would send the
+    model a conversation with a silent hole between the summary and the episodes.
+    """
+    parts = [] if context.summary is None else [SUMMARY_PREFIX + context.summary]
+    omitted = getattr(context, "omitted", None)  # a Context has it; other renderables may not
+    if omitted is not None:
+        parts.append(omitted.note)
+    return "\n\n".join(parts) if parts else None
+
+
 #: How the summary's system-level text begins.
 SUMMARY_PREFIX = "Summary of the conversation so far:\n"
 #: Episode metadata key under which the OpenAI Agents SDK adapter keeps an item.
@@ -159,8 +172,9 @@ class _Shape:
 def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
     """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes."""
     messages: list[dict[str, Any]] = []
-    if context.summary is not None:
-        messages.append({"role": "system", "content": SUMMARY_PREFIX + context.summary})
+    system = _system_text(context)
+    if system is not None:
+        messages.append({"role": "system", "content": system})
     for piece in _plan(context.episodes):
         native = piece.native("chat")
         if native is not None:
@@ -211,8 +225,9 @@ def _append_chat(messages: list[dict[str, Any]], message: dict[str, Any], *, con
 def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
     """OpenAI Responses ``input`` items: the summary as the first ``system`` message, then the episodes."""
     items: list[dict[str, Any]] = []
-    if context.summary is not None:
-        items.append({"role": "system", "content": SUMMARY_PREFIX + context.summary})
+    system_text = _system_text(context)
+    if system_text is not None:
+        items.append({"role": "system", "content": system_text})
     for piece in _plan(context.episodes):
         native = piece.native("responses")
         if native is not None:
@@ -263,8 +278,9 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
     call, as the API requires.
     """
     system: list[str] = []
-    if context.summary is not None:
-        system.append(SUMMARY_PREFIX + context.summary)
+    system_text = _system_text(context)
+    if system_text is not None:
+        system.append(system_text)
     messages: list[dict[str, Any]] = []
 
     def append(role: str, blocks: list[dict[str, Any]]) -> None:
