@@ -383,3 +383,42 @@ def test_an_owner_in_another_pid_namespace_is_not_judged_by_this_one(workers: li
             assert wanting(workers, url, "--lease-wait", "3") == {"op": "busy", "owner": "holder"}
         finally:
             os.kill(paused, signal.SIGCONT)
+
+
+# -- a /proc that hides other users' processes (hidepid) ------------------------------
+
+
+def test_a_process_proc_hides_from_the_checker_is_not_gone() -> None:
+    """``mount -o hidepid=2``: another user's live process has no /proc entry for this one; that proves nothing.
+
+    The checker runs as ``nobody`` in a mount namespace of its own with such a /proc;
+    the holder is a live process of root's. Both see the same host, boot and PID namespace.
+    """
+    python = shutil.which("python3", path="/usr/bin:/usr/local/bin")
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None or python is None:
+        pytest.skip("a /proc with hidepid for another user needs root, unshare, setpriv and /usr/bin/python3")
+    path = os.pathsep.join(str(p) for p in (ROOT, SITE_PACKAGES) if p is not None)
+    check = (
+        "import sys; from memengine.store.owners import process_gone, this_host; "
+        "print(process_gone(this_host(), int(sys.argv[1])))"
+    )
+    holder = subprocess.Popen(["sleep", "600"])
+    try:
+        as_nobody = "exec setpriv --reuid=65534 --regid=65534 --clear-groups"
+        script = f'mount -t proc -o hidepid=2 proc /proc && {as_nobody} "$@"'
+        unshared = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+        checker = subprocess.run(
+            [*unshared, python, "-c", check, str(holder.pid)],
+            env={**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"},
+            cwd="/tmp",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if checker.returncode != 0:
+            pytest.skip(f"no hidepid /proc for another user here: {checker.stderr[-500:]}")
+        assert holder.poll() is None  # alive all along
+        assert checker.stdout.split() == ["False"]
+    finally:
+        holder.kill()
+        holder.wait()

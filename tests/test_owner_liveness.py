@@ -10,6 +10,8 @@ released at all. Killed processes are covered in test_restart_after_kill.py.
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import psycopg
 import pytest
@@ -229,3 +231,46 @@ def held_by_server(url: str, lock_key: int) -> bool:
                 (lock_key,),
             ).fetchone()[0]
         )
+
+
+async def test_a_failed_registration_after_taking_the_lock_back_is_made_again(pg_url, monkeypatch) -> None:
+    """Lock taken back, but its re-registration failed: a later heartbeat registers (and learns of the reap)."""
+    from memengine.errors import StoreError
+    from memengine.store import owners
+
+    long_lease = SessionConfig(passivate_after=None, lease_wait=0.5, lease_ttl=60.0)
+    register = owners.register
+    refused: list[str] = []  # while this holds "a", a's registrations fail (its writes cannot reach the server)
+
+    def refusing(db, owner, liveness):  # type: ignore[no-untyped-def]
+        if owner in refused:
+            raise StoreError("the connection dropped (injected)")
+        return register(db, owner, liveness)
+
+    monkeypatch.setattr(owners, "register", refusing)
+    with anyio.fail_after(60):
+        async with (
+            open_engine(pg_url, config=long_lease, owner="a") as a,
+            open_engine(pg_url, config=long_lease, owner="b") as b,
+        ):
+            await a.session("s").add([Episode("user", "from a")])
+            b.store._liveness.grace = 0.0  # type: ignore[attr-defined]  # b reaps what it finds dead at once
+            key = a.store._liveness.lock_key  # type: ignore[attr-defined]
+            refused.append("a")
+            while True:  # a takes its lock back within a heartbeat: b must reap it before
+                terminate_liveness_backend(pg_url, key)
+                if (await b.store.reap_dead_owners(["a"])).owners == ("a",):
+                    break
+                await anyio.sleep(0.01)
+            await b.session("s").add([Episode("user", "from b")])  # a's session is b's now
+            while not held_by_server(pg_url, key):  # a takes its lock back; registering it fails
+                with contextlib.suppress(StoreError):
+                    await a.store.keep_alive()
+            refused.clear()  # the server is reachable again: the heartbeats after this register
+            for _ in range(3):
+                await a.store.keep_alive()
+            try:
+                context = await a.session("s").context()
+            except (LeaseLostError, SessionBusyError):
+                return  # refused: b has it
+            assert [episode.content for episode in context.episodes] == ["from a", "from b"]  # or read afresh

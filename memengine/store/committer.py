@@ -203,6 +203,8 @@ class GroupCommitStore:
         self._liveness: owners.Liveness | None = None  # once held (see start_liveness)
         self._alive_until = math.inf  # see alive_until
         self._reaped_until = -math.inf  # reaped while its lock was lost: memory is not the store until then
+        self._registration_due = False  # the lock was taken back and not yet registered again (see keep_alive)
+        self._registration_unsure = False  # a registration since then failed or was given up on: it may have committed
         self._longest_ttl = 0.0  # of the leases this store took (see keep_alive)
         self._liveness_slot = anyio.CapacityLimiter(1)
         self._close_by: float | None = None  # time.monotonic() by which closing ends (see _closing_wait)
@@ -896,11 +898,22 @@ class GroupCommitStore:
         asked_at = anyio.current_time()
         held = await anyio.to_thread.run_sync(liveness.check, limiter=self._liveness_slot, abandon_on_cancel=True)
         if not held:
+            self._registration_due = True  # until a registration commits: a failed one is made again next time
+        if self._registration_due:
             # Back among the living. If it was reaped meanwhile, its leases may have been released and taken:
             # no lease known valid by this process's clock before now may be counted on. Every one was
             # renewed before now and lasts at most the longest ttl: until then, every read renews first.
-            if not await self._submit(lambda db: owners.register(db, self.owner, liveness)):
-                self._reaped_until = anyio.current_time() + self._longest_ttl
+            # Assumed until a registration says otherwise: one that failed or was given up on (cancelled)
+            # may have committed unseen, and then the next one finds the registration there.
+            before = self._reaped_until
+            self._reaped_until = max(before, anyio.current_time() + self._longest_ttl)
+            proof = not self._registration_unsure
+            self._registration_unsure = True
+            registered = await self._submit(lambda db: owners.register(db, self.owner, liveness))
+            self._registration_due = self._registration_unsure = False
+            if registered and proof:
+                self._reaped_until = before
+            elif not registered:
                 log.warning("this engine was taken for dead while its liveness lock was lost: checking its leases")
             asked_at = anyio.current_time()  # counted from now: it was not held all along
         self._alive_until = self._alive_after(asked_at)

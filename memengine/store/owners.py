@@ -154,10 +154,20 @@ def process_gone(host: str, pid: int) -> bool:
     here = this_host()
     if host != here or _UNKNOWN in here.split("/")[1:]:
         return False
+    if pid <= 0:
+        return False  # no process's pid (and os.kill would signal a group)
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return True
+        # Gone, or hidden: a /proc mounted with hidepid shows no other user's processes. Only the
+        # kernel's answer is proof: "no such process" (another user's live one is "not permitted").
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
     except (OSError, IndexError):
         return False
     return state in ("Z", "X")  # killed, not yet reaped by its parent
