@@ -43,6 +43,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The worker count for ``-n auto``: twice the cores, from 4 to 8 (PYTEST_XDIST_AUTO_NUM_WORKERS overrides).
+
+    Most tests wait (on child processes, the database, timers) far more than they
+    compute, so two workers per core keep the cores busy; at most 8, so that the
+    PostgreSQL server's connections and a small machine's memory suffice.
+    """
+    chosen = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if chosen:
+        return int(chosen)
+    return min(max(2 * (os.cpu_count() or 1), 4), 8)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:  # xdist's hook, on the controller, for each worker it starts
     node.workerinput["memengine_shuffle"] = node.config.option.shuffle
 

@@ -305,4 +305,6 @@ def test_demo_piped_into_head_finishes_its_work_and_exits_0(tmp_path: Path) -> N
         assert len(result.stdout.splitlines()) == 3
         assert stored(piped, "SELECT count(*) FROM episodes WHERE session_id = 'demo'") == [(120,)]
         # Everything evicted is summarized, as at the end of a run nobody cut off: the demo ran to its end.
-        assert covered_by_summary(piped) == covered_by_summary(reference)
+        # (How far, not the text: how evictions coalesce into summarizer calls, and so the text, depends on
+        # the pace of the run; under load the two texts differed.)
+        assert covered_by_summary(piped)[0] == covered_by_summary(reference)[0]

@@ -678,19 +678,21 @@ async def test_a_batch_dropped_mid_delivery_does_not_take_another_session_batch_
     assert stored_rows(db_path, "SELECT count(*) FROM retain_outbox") == [(0,)]
 
 
-def crash_cycle_showing(seeds: tuple[int, ...], tmp_path: Path, symptom: str, error: type[AssertionError]) -> None:
-    """Crash cycles (killed after ``done``) of ``seeds`` in turn; raise ``error`` at the first showing ``symptom``."""
-    for seed in seeds:
-        db_path = tmp_path / f"seed{seed}.db"
-        run, known = anyio.run(crash_and_restart, db_path, seed, "asyncio", True)
-        shown = getattr(known, symptom)
-        if shown:
-            raise error(f"seed {seed}: " + "\n".join(shown) + run.describe())
+def crash_cycle_showing(seed: int, tmp_path: Path, symptom: str, error: type[AssertionError]) -> None:
+    """A crash cycle (killed after ``done``) of ``seed``; raise ``error`` if it shows ``symptom``."""
+    db_path = tmp_path / f"seed{seed}.db"
+    run, known = anyio.run(crash_and_restart, db_path, seed, "asyncio", True)
+    shown = getattr(known, symptom)
+    if shown:
+        raise error(f"seed {seed}: " + "\n".join(shown) + run.describe())
 
 
-def test_seeds_that_showed_the_stale_outbox_snapshot_now_run_clean(tmp_path: Path) -> None:
-    crash_cycle_showing(SEEDS_SHOWING_STALE_SNAPSHOT, tmp_path, "handed_on_after_deletion", StaleOutboxSnapshot)
+# One test per seed, so that parallel workers share them out.
+@pytest.mark.parametrize("seed", SEEDS_SHOWING_STALE_SNAPSHOT, ids=[f"seed{s}" for s in SEEDS_SHOWING_STALE_SNAPSHOT])
+def test_seeds_that_showed_the_stale_outbox_snapshot_now_run_clean(tmp_path: Path, seed: int) -> None:
+    crash_cycle_showing(seed, tmp_path, "handed_on_after_deletion", StaleOutboxSnapshot)
 
 
-def test_seeds_that_showed_the_outbox_rowid_reuse_now_run_clean(tmp_path: Path) -> None:
-    crash_cycle_showing(SEEDS_SHOWING_ROWID_REUSE, tmp_path, "never_delivered", OutboxRowidReuse)
+@pytest.mark.parametrize("seed", SEEDS_SHOWING_ROWID_REUSE, ids=[f"seed{s}" for s in SEEDS_SHOWING_ROWID_REUSE])
+def test_seeds_that_showed_the_outbox_rowid_reuse_now_run_clean(tmp_path: Path, seed: int) -> None:
+    crash_cycle_showing(seed, tmp_path, "never_delivered", OutboxRowidReuse)

@@ -78,13 +78,14 @@ def says(prefix: str, count: int) -> list[Episode]:
 async def test_a_long_import_never_lets_another_sessions_lease_lapse_nor_stalls_its_writers(
     store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 1,200 rows at 2.5 ms each: 3 s of writing, against leases of 0.9 s renewed every 0.3 s.
+    # 1,200 rows at 5 ms each: 6 s of writing, against leases of 3 s renewed every second (0.9 s leases
+    # lapsed under a load of 10: the renewal waits its turn behind the import's transactions, slower then).
     monkeypatch.setattr(committer, "TRANSACTION_ROWS", 60, raising=False)
-    config = SessionConfig(evict_to=1.0, lease_ttl=0.9, lease_wait=2.0, passivate_after=None, max_episodes=10_000)
+    config = SessionConfig(evict_to=1.0, lease_ttl=3.0, lease_wait=6.0, passivate_after=None, max_episodes=10_000)
     async with open_engine(store_url, config=config) as engine:
         small = engine.session("small")
         await small.add(says("small", 1))
-        slow_down(engine, per_row=0.0025)
+        slow_down(engine, per_row=0.005)
         small_adds_during_import = 0
         imported = anyio.Event()
 

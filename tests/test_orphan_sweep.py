@@ -21,13 +21,16 @@ from .fakes import RecordingSink, RecordingSummarizer, covered
 pytestmark = pytest.mark.anyio
 
 QUIET = [f"quiet-{n:02d}" for n in range(30)]
+#: The dead process's leases: long enough that its own appends land under load (with 0.2 s, one failed with
+#: LeaseLostError at a load of 10), short enough to wait out.
+DEAD_LEASE = 2.0
 
 
 async def _die_holding(url: str) -> None:
     """A process (owner ``dead``) that stored episodes under short leases and never released them."""
     async with open_store(url, owner="dead") as store:
         for session_id, count in [*((s, 2) for s in QUIET), ("long", 10)]:
-            token, _ = await store.activate(session_id, 0.2)
+            token, _ = await store.activate(session_id, DEAD_LEASE)
             done = anyio.Event()
             outcome: list[object] = []
 
@@ -39,14 +42,14 @@ async def _die_holding(url: str) -> None:
             store.submit_append(session_id, token, 1, episodes, stored)
             await done.wait()
             assert outcome == [None]
-    await anyio.sleep(0.3)  # its leases expire
+    await anyio.sleep(DEAD_LEASE + 0.1)  # its leases expire (a lower bound: time passes whatever the load)
 
 
 async def test_the_sweep_releases_what_it_handled_and_finishes_what_is_left(store_url, rows) -> None:
     await _die_holding(store_url)
     sink = RecordingSink()
     config = SessionConfig(
-        evict_to=1.0, max_episodes=4, retain_every=100, lease_ttl=0.3, lease_wait=1.0, passivate_after=0.1
+        evict_to=1.0, max_episodes=4, retain_every=100, lease_ttl=1.0, lease_wait=3.0, passivate_after=0.1
     )
     async with open_engine(store_url, summarizer=RecordingSummarizer(), retain_sink=sink, config=config) as engine:
         with anyio.fail_after(20):

@@ -137,8 +137,10 @@ async def test_a_hung_sink_call_is_cut_after_retain_timeout_and_retried(store_ur
     assert any("retain_timeout" in r.getMessage() for r in caplog.records if r.name == "memengine.retain")
 
 
-async def test_thousands_of_sessions_are_served_while_the_oldest_keeps_failing(store_url, monkeypatch) -> None:
-    sessions = 2000
+@pytest.mark.parametrize("sessions", [500, pytest.param(2000, marks=pytest.mark.soak)])
+async def test_thousands_of_sessions_are_served_while_the_oldest_keeps_failing(
+    store_url, monkeypatch, sessions: int
+) -> None:
     sink = ScriptedSink(refuse={"bad": ConnectionError("sink unavailable")})
     # Leases that outlast the test: renewing 2,001 of them every third of the default 10 s fell behind on a
     # loaded machine (LeaseLostError at a load of 7), and leases are not what this test is about.

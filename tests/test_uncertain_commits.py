@@ -41,7 +41,9 @@ async def wait_until_passivated(engine, session_id: str) -> None:
 
 
 async def test_a_clear_in_doubt_never_leaves_the_cleared_text_readable(store_url, rows: StoreRows) -> None:
-    config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=0.05)
+    # Idle for 2 s before it passivates: the commit that passivating makes must not come between arming
+    # and the clear and be the one "lost" (with 0.05 s it did under load: DID NOT RAISE).
+    config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=2.0)
     async with open_engine(store_url, summarizer=RecordingSummarizer(), config=config) as engine:
         session = engine.session("s")
         await session.add([Episode("user", "my password is hunter2"), *turns(3)])
