@@ -183,6 +183,19 @@ def stored_episode(
     return episode
 
 
+def with_private_metadata(role: str, content: str, metadata: dict[str, Any]) -> Episode:
+    """A new Episode (validated, with a new id and the time now) whose ``metadata`` is taken as it is.
+
+    For the engine's own callers that build ``metadata`` themselves as a
+    JSON-exact value no one else holds (made from ``json.loads``, checked
+    against ``max_metadata_bytes``): it skips the deep copy and type check that
+    ``Episode(metadata=...)`` makes of a caller's value (see :func:`encode_metadata`).
+    """
+    episode = stored_episode(role, content, _new_id(), _utc_now(), metadata, None)  # type: ignore[arg-type]
+    attrs.validate(episode)  # every field's validator, as Episode() runs them
+    return episode
+
+
 def with_seq(episode: Episode, seq: int) -> Episode:
     """The same (already validated) episode, stamped with its stored seq."""
     return stored_episode(episode.role, episode.content, episode.id, episode.created_at, episode.metadata, seq)

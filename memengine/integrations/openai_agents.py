@@ -95,7 +95,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import rendering
-from ..episode import Episode
+from ..episode import Episode, with_private_metadata
 from ..limits import MAX_ROLE_CHARS
 from ..rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY
 from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
@@ -196,7 +196,7 @@ class MemEngineSession:
             raise TypeError(f"add_items() takes a list of items, not {type(items).__name__}")
         episodes = [self._episode_of(item) for item in items]
         if episodes:
-            await self._call(self._session.add, episodes)
+            await self._call(self._session._add_private, episodes)
 
     async def pop_item(self) -> dict[str, Any] | None:
         """Remove the newest item durably and return it; ``None`` when there is none.
@@ -241,16 +241,17 @@ class MemEngineSession:
             metadata[RESULT_OF_KEY] = list(links.results)
         role = _role_of(exact)
         text = _readable_text(exact)
-        if (
-            len(json.dumps({**metadata, ITEM_KEY: exact}, ensure_ascii=False).encode())
-            <= self._config.max_metadata_bytes
-        ):
+        # The metadata's JSON is {...the links, ITEM_KEY: encoded}: its size without encoding the item again
+        # (encoded is exact's JSON; where an item repeats a key, exact keeps one, so this is an upper bound).
+        head = json.dumps({**metadata, ITEM_KEY: None}, ensure_ascii=False)
+        if len(head.encode()) - len("null") + len(encoded.encode()) <= self._config.max_metadata_bytes:
             metadata[ITEM_KEY] = exact
             content = text if text.strip() and "\x00" not in text else encoded
         else:
             metadata[ITEM_IN_CONTENT_KEY] = True
             content = encoded
-        return Episode(role, content, metadata=metadata)
+        # The metadata is JSON-exact (made from json.loads) and this add's alone: not copied again.
+        return with_private_metadata(role, content, metadata)
 
     async def _call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._portal is not None:
