@@ -95,7 +95,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import rendering
-from ..episode import Episode, with_private_metadata
+from ..episode import Episode, encode_json, with_private_metadata
 from ..limits import MAX_ROLE_CHARS
 from ..rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY
 from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
@@ -118,6 +118,9 @@ SUMMARY_PREFIX = rendering.SUMMARY_PREFIX
 
 
 T = TypeVar("T")
+
+#: Bytes of ``{ITEM_KEY: null}`` as JSON: the size of an item's metadata when it has no links, but the item's.
+_ITEM_ALONE_BYTES = len(encode_json({ITEM_KEY: None}).encode())
 
 
 class MemEngineSession:
@@ -227,7 +230,7 @@ class MemEngineSession:
         if not isinstance(item, Mapping):
             raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
         try:
-            encoded = json.dumps(item, allow_nan=False, ensure_ascii=False)
+            encoded = encode_json(item)
         except TypeError as exc:  # a value JSON has no type for: TypeError, as from the SDK's own sessions
             raise TypeError(f"a session item must be JSON: {exc}") from None
         except ValueError as exc:  # NaN or an infinity (which the SDK's sessions would store), or a cycle
@@ -243,8 +246,8 @@ class MemEngineSession:
         text = _readable_text(exact)
         # The metadata's JSON is {...the links, ITEM_KEY: encoded}: its size without encoding the item again
         # (encoded is exact's JSON; where an item repeats a key, exact keeps one, so this is an upper bound).
-        head = json.dumps({**metadata, ITEM_KEY: None}, ensure_ascii=False)
-        if len(head.encode()) - len("null") + len(encoded.encode()) <= self._config.max_metadata_bytes:
+        head = len(encode_json({**metadata, ITEM_KEY: None}).encode()) if metadata else _ITEM_ALONE_BYTES
+        if head - len("null") + len(encoded.encode()) <= self._config.max_metadata_bytes:
             metadata[ITEM_KEY] = exact
             content = text if text.strip() and "\x00" not in text else encoded
         else:
