@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import secrets
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +13,10 @@ import attrs
 
 from .limits import MAX_EPISODE_ID_BYTES, MAX_ROLE_CHARS, require_text, require_utf8
 from .tool_calls import tool_links
+
+#: ``json.dumps(value, allow_nan=False, ensure_ascii=False)``, without making an encoder per call:
+#: the JSON text of metadata, as the store keeps it (``TypeError``/``ValueError`` for what JSON cannot hold exactly).
+encode_json: Callable[[object], str] = json.JSONEncoder(allow_nan=False, ensure_ascii=False).encode
 
 # Where an episode's metadata may hold the provider's own message or item.
 _MESSAGE_KEYS = ("message", "item", "raw")
@@ -26,8 +30,9 @@ def _new_id() -> str:
     of a commit.
     """
     unix_ms = time.time_ns() // 1_000_000
-    rand_a = secrets.randbits(12)
-    rand_b = secrets.randbits(62)
+    random = int.from_bytes(os.urandom(10))  # one system call for both random fields (as secrets.randbits reads)
+    rand_a = random >> 68  # 12 bits
+    rand_b = random & (2**62 - 1)
     value = (unix_ms & (2**48 - 1)) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
     return f"{value:032x}"
 
@@ -97,7 +102,7 @@ def encode_metadata(value: object) -> tuple[dict[str, Any], str]:
         raise TypeError(f"Episode.metadata must be a mapping, not {type(value).__name__}")
     value = dict(value)
     try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        encoded = encode_json(value)
     except RecursionError:
         raise ValueError("Episode.metadata is nested too deeply") from None
     except (TypeError, ValueError) as exc:
@@ -162,6 +167,7 @@ _FIELDS = tuple(field.name for field in attrs.fields(Episode))
 # stored_episode sets exactly these, by name.
 assert _FIELDS == ("role", "content", "id", "created_at", "metadata", "seq"), _FIELDS
 _set = object.__setattr__
+_ROLE, _CONTENT = attrs.fields(Episode).role, attrs.fields(Episode).content
 
 
 def stored_episode(
@@ -180,6 +186,21 @@ def stored_episode(
     _set(episode, "created_at", created_at)
     _set(episode, "metadata", metadata)
     _set(episode, "seq", seq)
+    return episode
+
+
+def with_private_metadata(role: str, content: str, metadata: dict[str, Any]) -> Episode:
+    """A new Episode (validated, with a new id and the time now) whose ``metadata`` is taken as it is.
+
+    For the engine's own callers that build ``metadata`` themselves as a
+    JSON-exact value no one else holds (made from ``json.loads``, checked
+    against ``max_metadata_bytes``): it skips the deep copy and type check that
+    ``Episode(metadata=...)`` makes of a caller's value (see :func:`encode_metadata`).
+    """
+    episode = stored_episode(role, content, _new_id(), _utc_now(), metadata, None)  # type: ignore[arg-type]
+    # The validators Episode() runs, but those of the fields made here (id, created_at, seq).
+    _check_role(episode, _ROLE, role)
+    _check_content(episode, _CONTENT, content)
     return episode
 
 

@@ -95,7 +95,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import rendering
-from ..episode import Episode
+from ..episode import Episode, encode_json, with_private_metadata
 from ..limits import MAX_ROLE_CHARS
 from ..rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY
 from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
@@ -118,6 +118,9 @@ SUMMARY_PREFIX = rendering.SUMMARY_PREFIX
 
 
 T = TypeVar("T")
+
+#: Bytes of ``{ITEM_KEY: null}`` as JSON: the size of an item's metadata when it has no links, but the item's.
+_ITEM_ALONE_BYTES = len(encode_json({ITEM_KEY: None}).encode())
 
 
 class MemEngineSession:
@@ -196,7 +199,7 @@ class MemEngineSession:
             raise TypeError(f"add_items() takes a list of items, not {type(items).__name__}")
         episodes = [self._episode_of(item) for item in items]
         if episodes:
-            await self._call(self._session.add, episodes)
+            await self._call(self._session._add_private, episodes)
 
     async def pop_item(self) -> dict[str, Any] | None:
         """Remove the newest item durably and return it; ``None`` when there is none.
@@ -227,7 +230,7 @@ class MemEngineSession:
         if not isinstance(item, Mapping):
             raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
         try:
-            encoded = json.dumps(item, allow_nan=False, ensure_ascii=False)
+            encoded = encode_json(item)
         except TypeError as exc:  # a value JSON has no type for: TypeError, as from the SDK's own sessions
             raise TypeError(f"a session item must be JSON: {exc}") from None
         except ValueError as exc:  # NaN or an infinity (which the SDK's sessions would store), or a cycle
@@ -241,16 +244,17 @@ class MemEngineSession:
             metadata[RESULT_OF_KEY] = list(links.results)
         role = _role_of(exact)
         text = _readable_text(exact)
-        if (
-            len(json.dumps({**metadata, ITEM_KEY: exact}, ensure_ascii=False).encode())
-            <= self._config.max_metadata_bytes
-        ):
+        # The metadata's JSON is {...the links, ITEM_KEY: encoded}: its size without encoding the item again
+        # (encoded is exact's JSON; where an item repeats a key, exact keeps one, so this is an upper bound).
+        head = len(encode_json({**metadata, ITEM_KEY: None}).encode()) if metadata else _ITEM_ALONE_BYTES
+        if head - len("null") + len(encoded.encode()) <= self._config.max_metadata_bytes:
             metadata[ITEM_KEY] = exact
             content = text if text.strip() and "\x00" not in text else encoded
         else:
             metadata[ITEM_IN_CONTENT_KEY] = True
             content = encoded
-        return Episode(role, content, metadata=metadata)
+        # The metadata is JSON-exact (made from json.loads) and this add's alone: not copied again.
+        return with_private_metadata(role, content, metadata)
 
     async def _call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._portal is not None:

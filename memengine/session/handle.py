@@ -87,18 +87,32 @@ class Session:
         not stored again; the earlier stored episode is returned in its place.
         A rejected argument stores nothing.
         """
+        return await self._traced_add(episodes, snapshot=True)
+
+    async def _add_private(self, episodes: Iterable[Episode]) -> tuple[Episode, ...]:
+        """:meth:`add` of episodes whose metadata no one else holds (``episode.with_private_metadata``).
+
+        For the engine's own adapters, which build each episode for one add
+        and never hand it out: their metadata is not copied again.
+        """
+        return await self._traced_add(episodes, snapshot=False)
+
+    def _traced_add(self, episodes: Iterable[Episode], *, snapshot: bool) -> Awaitable[tuple[Episode, ...]]:
         traced = self._engine._telemetry.operation("create_memory", "add", self._id)
         if traced is NO_OPERATION:  # nothing is traced (the usual case): none of its bookkeeping per add
-            return await self._add(episodes)
+            return self._add(episodes, snapshot)
+        return self._add_traced(traced, episodes, snapshot)
+
+    async def _add_traced(self, traced: Any, episodes: Iterable[Episode], snapshot: bool) -> tuple[Episode, ...]:
         with traced:
-            stored = await self._add(episodes)
+            stored = await self._add(episodes, snapshot)
             traced.count(len(stored))
             traced.content("gen_ai.memory.content", lambda: [[episode.role, episode.content] for episode in stored])
             return stored
 
-    def _add(self, episodes: Iterable[Episode]) -> Awaitable[tuple[Episode, ...]]:
+    def _add(self, episodes: Iterable[Episode], snapshot: bool) -> Awaitable[tuple[Episode, ...]]:
         """The add's request, its argument checked (a plain function: no coroutine of its own per add)."""
-        batch = _checked_batch(_episodes_argument(episodes), self._engine.config)
+        batch = _checked_batch(_episodes_argument(episodes), self._engine.config, snapshot)
         if not batch:
             return self._nothing_to_do(())
         for episode in batch:
@@ -247,14 +261,16 @@ def _episodes_argument(episodes: Iterable[Episode]) -> tuple[Episode, ...]:
     return batch
 
 
-def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[Episode, ...]:
+def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig, snapshot: bool = True) -> tuple[Episode, ...]:
     """Check every episode against the limits; snapshot metadata edited since construction.
 
     The session stores and shows the snapshot, so editing an episode's
-    metadata after ``add`` changes nothing stored or read.
+    metadata after ``add`` changes nothing stored or read. Without
+    ``snapshot``, the metadata is private to this add and was checked
+    against the limit by whoever made it: only the contents are checked.
     """
     for episode in batch:
-        if episode.metadata or len(episode.content) > config.max_content_chars:
+        if (snapshot and episode.metadata) or len(episode.content) > config.max_content_chars:
             break
     else:
         # The usual case: nothing to refuse, no metadata to snapshot, but the caller's empty dicts
@@ -267,7 +283,7 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig) -> tuple[E
                 f"episode {episode.id} has {len(episode.content)} characters of content; "
                 f"the limit is SessionConfig.max_content_chars={config.max_content_chars}"
             )
-        if episode.metadata:
+        if snapshot and episode.metadata:
             metadata, encoded = encode_metadata(episode.metadata)
             size = len(encoded.encode("utf-8"))
             if size > config.max_metadata_bytes:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from ..episode import Episode, stored_episode, with_seq
+from ..episode import Episode, encode_json, stored_episode, with_seq
 from ..errors import SessionBusyError, StoreError
 from . import leases, outbox, set_aside, unfinished
 from .base import AppendResult, SessionRow, SessionSnapshot
@@ -34,7 +34,7 @@ def episode_from_row(row: Sequence) -> Episode:
 
 
 def episode_row(session_id: str, seq: int, episode: Episode) -> tuple[str, int, str, str, str, str, str]:
-    metadata = json.dumps(episode.metadata, allow_nan=False, ensure_ascii=False) if episode.metadata else "{}"
+    metadata = encode_json(episode.metadata) if episode.metadata else "{}"
     return (session_id, seq, episode.id, episode.role, episode.content, episode.created_at.isoformat(), metadata)
 
 

@@ -481,3 +481,42 @@ async def test_get_items_leaves_out_the_reasoning_before_a_call_it_leaves_out(tm
         assert await session.get_items() == [question, reasoning, call, output, answer]
         assert await engine.session("s").delete_episodes([4]) == 1  # the output
         assert await session.get_items() == [question, answer]
+
+
+async def test_items_edited_after_add_items_change_nothing_stored_or_read(tmp_path: Path) -> None:
+    items = json.loads(json.dumps([*ITEMS[:5], ITEMS[6]]))
+    expected = json.loads(json.dumps(items))
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        await session.add_items(items)
+        items[0]["content"] = "edited"
+        items[1]["content"][0]["text"] = "edited"
+        items[5]["content"].append({"type": "output_text", "text": "appended"})
+        assert await session.get_items() == expected
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        assert await MemEngineSession(engine, "s").get_items() == expected
+
+
+@pytest.mark.parametrize("over", [0, 1])
+async def test_an_item_exactly_at_the_metadata_limit_stays_in_metadata_one_byte_more_goes_to_content(
+    tmp_path: Path, over: int
+) -> None:
+    limit = 1024
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": ""}
+    links_and_item = {CALLS_KEY: ["call_1"], "openai_agents.item": call}
+    call["arguments"] = "\u00e9" * ((limit - len(json.dumps(links_and_item, ensure_ascii=False).encode())) // 2)
+    if len(json.dumps(links_and_item, ensure_ascii=False).encode()) < limit:
+        call["arguments"] += "a"
+    call["arguments"] += "a" * over
+    assert len(json.dumps(links_and_item, ensure_ascii=False).encode()) == limit + over
+    config = SessionConfig(max_episodes=10_000, max_chars=10_000_000, max_metadata_bytes=limit)
+    async with open_engine(tmp_path / "m.db", config=config) as engine:
+        session = MemEngineSession(engine, "s")
+        await session.add_items([call])
+        assert await session.get_items() == [call]
+        (stored,) = (await engine.session("s").context()).episodes
+    if over:
+        assert stored.metadata == {CALLS_KEY: ["call_1"], ITEM_IN_CONTENT_KEY: True}
+        assert json.loads(stored.content) == call
+    else:
+        assert stored.metadata == links_and_item
