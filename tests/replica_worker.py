@@ -17,7 +17,8 @@ with short leases, and prints JSON lines on stdout:
 Fault knobs (environment):
 
 - ``MEMENGINE_TEST_RETAIN=1``: a retain sink (batches every
-  ``MEMENGINE_TEST_RETAIN_EVERY`` episodes, default 5) that prints every
+  ``MEMENGINE_TEST_RETAIN_EVERY`` episodes, default 5; a refused batch waits
+  ``MEMENGINE_TEST_RETAIN_RETRY_LATER`` seconds after a round, default 60) that prints every
   batch it is handed (``{"op": "retained", ...}``) and every forget
   (``{"op": "forgot", ...}``) before returning;
 - ``MEMENGINE_TEST_FREEZE_IN_TRANSACTION=1``: the ``freeze`` command arms a
@@ -81,6 +82,7 @@ CONFIG = SessionConfig(
     summarize_backoff=0.01,
     summarize_retry_later=0.1,
     retain_every=int(os.environ.get("MEMENGINE_TEST_RETAIN_EVERY", "5")),
+    retain_retry_later=float(os.environ.get("MEMENGINE_TEST_RETAIN_RETRY_LATER", "60")),
 )
 
 

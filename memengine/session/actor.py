@@ -446,6 +446,8 @@ class SessionActor:
     async def _on_forget(self, message: ForgetSession) -> None:
         await self._settle_append()
         erased = await self._store.erase_session(self.session_id, self._lease.current())
+        if self._retain is not None:
+            self._retain.removed()  # its last step may have recorded a forget for the sink: delivered now
         if erased.traces_left:
             # Its row and lease wait for the retain sink (store/erasure.py): an empty session, let go as at close.
             self._apply(await self._store.load_session(self.session_id))
