@@ -275,13 +275,11 @@ class Engine:
             self.session(session_id)
         dropped = await self._services.store.discard_set_aside_retains(session_id)
         for work in dropped:
-            log.warning(
-                "discarded the set-aside retain batch of session %r seqs %d..%d (last error %s): "
-                "the sink never gets it",
+            log.warning(  # not its error text, which may quote the episodes (privacy/error_text.py)
+                "discarded the set-aside retain batch of session %r seqs %d..%d: the sink never gets it",
                 work.session_id,
                 work.first_seq,
                 work.last_seq,
-                work.error,
             )
         if dropped and self._delivery is not None:
             self._delivery.notify()

@@ -62,6 +62,7 @@ import anyio
 import attrs
 
 from ..config import SessionConfig
+from ..privacy.error_text import error_label, error_text, log_content
 from ..retrying import retry_delay
 from ..store.base import DueBatch, DueRetains, OutboxEntry, OutboxState, Store
 from ..telemetry import NO_TELEMETRY, Telemetry
@@ -119,6 +120,15 @@ class RetainMetrics:
     def of(cls, outbox: OutboxState, delivered: int, failures: int) -> RetainMetrics:
         age = None if outbox.oldest_created_at is None else max(0.0, time.time() - outbox.oldest_created_at)
         return cls(outbox.depth, age, delivered, failures)
+
+
+class _SinkTimeout(TimeoutError):
+    """A sink call cut at ``retain_timeout``: memengine's own words, which quote nothing of the batch."""
+
+
+def _described(error: Exception) -> str:
+    """How a log line names a failed call: by its type, as its text may quote the batch (privacy/error_text.py)."""
+    return f"TimeoutError({str(error)!r})" if isinstance(error, _SinkTimeout) else error_label(error)
 
 
 class _CallEnd(enum.Enum):
@@ -309,7 +319,7 @@ class RetainDelivery:
                         )
                         return _CallEnd.CLAIM_LOST
                     return _CallEnd.RETURNED
-                return TimeoutError(f"the sink did not return within retain_timeout ({timeout:g}s); call cancelled")
+                return _SinkTimeout(f"the sink did not return within retain_timeout ({timeout:g}s); call cancelled")
             log.warning(
                 "the retain sink call for batch %r was cancelled: this process's claim on it was lost or could "
                 "not be kept; whoever claims it next sends it again with the same key",
@@ -345,7 +355,7 @@ class RetainDelivery:
         set_aside = end_of_round and limit is not None and attempt >= limit * config.retain_attempts
         if set_aside:
             log.error(
-                "retain of session %r seqs %d..%d failed in %d round(s) in a row (%d attempts; last error %r); "
+                "retain of session %r seqs %d..%d failed in %d round(s) in a row (%d attempts; last error %s); "
                 "set aside: it stays in the outbox with the session's later batches behind it, and is not sent "
                 "again until engine.retry_set_aside() or `memengine set-aside retry` (or dropped by discard)",
                 entry.session_id,
@@ -353,28 +363,28 @@ class RetainDelivery:
                 entry.last_seq,
                 attempt // config.retain_attempts,
                 attempt,
-                error,
+                _described(error),
             )
         else:
             log.log(
                 logging.ERROR if end_of_round else logging.WARNING,
-                "retain of session %r seqs %d..%d failed (attempt %d): %r; it stays in the outbox, retried in %.2fs",
+                "retain of session %r seqs %d..%d failed (attempt %d): %s; it stays in the outbox, retried in %.2fs",
                 entry.session_id,
                 entry.first_seq,
                 entry.last_seq,
                 attempt,
-                error,
+                _described(error),
                 retry_in,
             )
-        log.debug(
-            "the retain sink's traceback (session %r seqs %d..%d)",
+        log_content(
+            "the retain sink's error (session %r seqs %d..%d)",
             entry.session_id,
             entry.first_seq,
             entry.last_seq,
-            exc_info=error,
+            error=error,
         )
         recorded = await self._record(
-            self._store.mark_retain_failed(entry.id, entry.key, repr(error), retry_in, set_aside=set_aside)
+            self._store.mark_retain_failed(entry.id, entry.key, error_text(error), retry_in, set_aside=set_aside)
         )
         return None if set_aside and recorded else retry_in
 
