@@ -481,8 +481,11 @@ class Engine:
                     held = await store.keep_alive()
                 except Exception as exc:
                     log.warning("checking this engine's liveness lock failed (%s)", exc)
-            if not held and self._delivery is not None:
-                self._delivery.drop_claims()  # reads wait for a renewal by themselves (store.alive_until)
+            if self._delivery is not None:
+                if held:
+                    self._delivery.alive_moved()  # sink calls are bounded by store.alive_until, just moved
+                else:
+                    self._delivery.drop_claims()  # reads wait for a renewal by themselves (store.alive_until)
             try:
                 reaped = await store.reap_dead_owners()
             except Exception as exc:

@@ -140,8 +140,10 @@ class _CallEnd(enum.Enum):
 class _Call:
     """A sink call in flight: the claim keeper extends its claim, and cancels it if the claim is lost.
 
-    ``valid_until`` (anyio's clock) is when the claim may lapse in the store, less the margin; the
-    call's ``scope`` is cancelled then, unless an extension moves it.
+    ``valid_until`` (anyio's clock) is when the claim may lapse in the store, less the margin. The
+    call's ``scope`` is cancelled then, or when this process's own proof of life lapses
+    (``store.alive_until()``: others may take it for dead and void its claims after that), whichever
+    comes first, unless an extension or a heartbeat moves them.
     """
 
     entry_id: int
@@ -150,10 +152,13 @@ class _Call:
     scope: anyio.CancelScope
     extending: bool = False
 
-    def prolong(self, valid_until: float) -> None:
-        if valid_until > self.valid_until:
-            self.valid_until = valid_until
-            self.scope.deadline = valid_until
+    def counted_until(self, alive_until: float) -> float:
+        """Until when the call is counted on: its claim and this process's proof of life both hold."""
+        return min(self.valid_until, alive_until)
+
+    def prolong(self, valid_until: float, alive_until: float) -> None:
+        self.valid_until = max(self.valid_until, valid_until)
+        self.scope.deadline = self.counted_until(alive_until)
 
 
 class RetainDelivery:
@@ -191,6 +196,12 @@ class RetainDelivery:
         """
         for call in self._calls.values():
             call.scope.cancel()
+
+    def alive_moved(self) -> None:
+        """A heartbeat renewed this process's proof of life (``store.alive_until()``): calls in flight may go on."""
+        alive_until = self._store.alive_until()
+        for call in self._calls.values():
+            call.prolong(call.valid_until, alive_until)
 
     def notify(self) -> None:
         """New batches are in the outbox (called after they are committed), or a session's turn ended."""
@@ -260,7 +271,7 @@ class RetainDelivery:
                 return config.retain_backoff
             entry = attrs.evolve(entry, last_seq=through, episodes=kept)
         valid_until = self._claim_valid_until(asked_at)
-        if anyio.current_time() >= valid_until:
+        if anyio.current_time() >= min(valid_until, self._store.alive_until()):
             log.warning("a retain claim came back too late to be counted on; the batch is tried again later")
             return config.retain_backoff
         outcome = await self._call_sink(entry, valid_until)
@@ -296,25 +307,31 @@ class RetainDelivery:
         """Hand the batch to the sink, for at most ``retain_timeout``, while its claim is kept.
 
         The call is cancelled when its claim can no longer be counted on
-        (``valid_until``, moved by each extension that went through), and a
-        return after that counts as a lost claim too: the batch may be
-        another process's by then.
+        (``valid_until``, moved by each extension that went through) or when
+        this process's own proof of life lapses (``store.alive_until()``,
+        moved by each heartbeat: a process frozen past it may have been
+        reaped, its claims voided and the batch sent, and a forget after it,
+        by another), and a return after either counts as a lost claim too:
+        never as delivered.
 
         The sink runs in this task, not under a task group here, so its error
         comes out as it was raised (a task group wraps it in a group, and a
         cancellation arriving meanwhile would join that group).
         """
         timeout = self._config.retain_timeout
-        call = _Call(entry.id, entry.key, valid_until, anyio.CancelScope(deadline=valid_until))
+        store = self._store
+        call = _Call(entry.id, entry.key, valid_until, anyio.CancelScope())
+        call.scope.deadline = call.counted_until(store.alive_until())
         self._calls[entry.id] = call
         try:
             with call.scope:
                 with anyio.move_on_after(timeout):
                     await self._hand_on(entry)
-                    if anyio.current_time() >= call.valid_until:
+                    if anyio.current_time() >= call.counted_until(store.alive_until()):
                         log.warning(
-                            "the retain sink returned batch %r after this process's claim on it could have lapsed; "
-                            "it is not counted as delivered, and is sent again with the same key",
+                            "the retain sink returned batch %r after this process's claim on it, or its own proof "
+                            "of life, could have lapsed; it is not counted as delivered, and is sent again with "
+                            "the same key",
                             entry.key,
                         )
                         return _CallEnd.CLAIM_LOST
@@ -426,7 +443,7 @@ class RetainDelivery:
                 if not kept:
                     call.scope.cancel()
                 elif self._calls.get(call.entry_id) is call:
-                    call.prolong(self._claim_valid_until(asked_at))
+                    call.prolong(self._claim_valid_until(asked_at), self._store.alive_until())
                 return
             log.warning("extending a retain claim did not finish before the claim could lapse; the call is cancelled")
         finally:
