@@ -317,40 +317,35 @@ def pending(db: Db, limit: int, episode_from_row: EpisodeFromRow) -> list[Outbox
 # Conditions on outbox rows ``o``. Only the head of a session may be sent (see claim): its oldest row,
 # unless that is set aside (set_aside.py), when its oldest forget goes ahead (a set-aside batch is not in
 # flight, and a delete or clear emptied it of what the forget names); its later batches wait behind it.
+# One list of ids, so that it drives the reads (rows by id), as the oldest rows alone did: the outbox's
+# rows are not scanned, nor their payloads read.
 _OLDEST = "SELECT min(id) FROM retain_outbox GROUP BY session_id"
 _HEAD_OF_SESSION = (
-    f"o.set_aside_at IS NULL AND (o.id IN ({_OLDEST}) OR (o.mode = 'forget' AND o.id IN ("
-    "SELECT min(f.id) FROM retain_outbox AS f WHERE f.mode = 'forget' AND f.session_id IN ("
-    f"SELECT a.session_id FROM retain_outbox AS a WHERE a.set_aside_at IS NOT NULL AND a.id IN ({_OLDEST})"
-    ") GROUP BY f.session_id)))"
+    "o.id IN (SELECT CASE WHEN s.set_aside_at IS NULL THEN s.id ELSE (SELECT min(f.id) FROM retain_outbox AS f "
+    f"WHERE f.session_id = s.session_id AND f.mode = 'forget') END FROM retain_outbox AS s WHERE s.id IN ({_OLDEST})) "
+    "AND o.set_aside_at IS NULL"
 )
-
-
-def _not_held_elsewhere(now: str) -> str:
-    """No other process holds a live claim on a row of its session (``?``: this process; ``now``: the clock).
-
-    One row of a session is in flight at a time, a forget that went ahead of a set-aside batch included.
-    """
-    return (
-        "NOT EXISTS (SELECT 1 FROM retain_outbox AS c WHERE c.session_id = o.session_id "
-        f"AND c.claimed_by <> ? AND c.claim_until > {now})"
-    )
-
-
+#: The same, for the row ``retain_outbox`` an UPDATE claims: index seeks in its session only.
+_OLDEST_OF_ITS_SESSION = "(SELECT min(h.id) FROM retain_outbox AS h WHERE h.session_id = retain_outbox.session_id)"
+_CLAIMED_IS_HEAD = (
+    f"set_aside_at IS NULL AND (id = {_OLDEST_OF_ITS_SESSION} OR (mode = 'forget' "
+    f"AND (SELECT a.set_aside_at FROM retain_outbox AS a WHERE a.id = {_OLDEST_OF_ITS_SESSION}) IS NOT NULL "
+    "AND id = (SELECT min(f.id) FROM retain_outbox AS f "
+    "WHERE f.session_id = retain_outbox.session_id AND f.mode = 'forget')))"
+)
+#: No other process holds a live claim on it (``?``: this process, then the database's clock read once).
+_NOT_HELD_ELSEWHERE = "(o.claimed_by IS NULL OR o.claimed_by = ? OR o.claim_until <= ?)"
 #: Its retry time has come (``?``: the database's clock read once).
 _RETRY_TIME_CAME = "(o.retry_at IS NULL OR o.retry_at <= ?)"
-#: When another process's claims on its session's rows lapse (``?``: this process); 0 if none holds one.
-_OTHER_CLAIM_UNTIL = (
-    "(SELECT coalesce(max(c.claim_until), 0) FROM retain_outbox AS c "
-    "WHERE c.session_id = o.session_id AND c.claimed_by <> ?)"
-)
+#: When another process's claim on it lapses (``?``: this process); 0 if none holds it.
+_OTHER_CLAIM_UNTIL = "CASE WHEN o.claimed_by <> ? THEN o.claim_until ELSE 0 END"
 
 
 def due(db: Db, owner: str, limit: int, ignore_backoff: bool) -> DueRetains:
     """The head batch of each session ``owner`` may send now, oldest first, and when the next falls due.
 
     Reads only. A batch is due when it is the head of its session, no other
-    live process holds a claim on its session's rows, and (unless ``ignore_backoff``) its retry
+    live process holds its claim, and (unless ``ignore_backoff``) its retry
     time has come. ``next_due_in`` is the time until the earliest such head
     batch that is not due now becomes due.
 
@@ -359,7 +354,7 @@ def due(db: Db, owner: str, limit: int, ignore_backoff: bool) -> DueRetains:
     still to come at the second, and the batch would wait for the next look.
     """
     (now,) = db.execute("SELECT {now}").fetchone()
-    ready, ready_params = _not_held_elsewhere("?"), [owner, now]
+    ready, ready_params = _NOT_HELD_ELSEWHERE, [owner, now]
     if not ignore_backoff:
         ready, ready_params = ready + " AND " + _RETRY_TIME_CAME, [*ready_params, now]
     batches = tuple(
@@ -387,9 +382,9 @@ def claim(
     """Claim the batch for ``ttl`` seconds and return it as it stands now (a clear or delete may have revised it).
 
     Only the head of its session can be claimed (its oldest row, or its oldest
-    forget when that is set aside), and only if no other live process holds a
-    claim on a row of its session; claiming it again extends our own claim. A
-    claimed batch's episodes count as handed on from now (``handed_through``).
+    forget when that is set aside), and only if no other live process holds
+    it; claiming it again extends our own claim. A claimed batch's episodes
+    count as handed on from now (``handed_through``).
     """
     # The session's row first, as a delete or clear locks it: then the outbox row.
     db.execute(
@@ -400,10 +395,10 @@ def claim(
     row = db.execute(
         "UPDATE retain_outbox SET claimed_by = ?, claim_until = {now} + ? "
         "WHERE id = ? AND key = ? "
-        f"  AND id IN (SELECT o.id FROM retain_outbox AS o WHERE o.id = ? AND {_HEAD_OF_SESSION} "
-        f"    AND {_not_held_elsewhere('{now}')}) "
+        "  AND (claimed_by IS NULL OR claimed_by = ? OR claim_until <= {now}) "
+        f"  AND {_CLAIMED_IS_HEAD} "
         f"RETURNING {_OUTBOX_COLUMNS}",
-        (owner, ttl, entry_id, key, entry_id, owner),
+        (owner, ttl, entry_id, key, owner),
     ).fetchone()
     if row is not None:
         entry = _entry(row, episode_from_row)
