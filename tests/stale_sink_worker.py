@@ -23,6 +23,8 @@ import psycopg
 from memengine import Episode, SessionConfig, open_engine
 
 CONFIG = SessionConfig(retain_every=1, passivate_after=None)
+#: The table the shared sink writes (create it in the store's schema before the engines start).
+SINK_TABLE = "CREATE TABLE sink_episodes (session_id text, seq integer, content text, PRIMARY KEY (session_id, seq))"
 
 
 def emit(op: str) -> None:
@@ -30,7 +32,12 @@ def emit(op: str) -> None:
 
 
 class SharedTableSink:
-    """Long-term memory as a table every process writes: ``sink_episodes (session_id, seq, content)``."""
+    """Long-term memory as a table every process writes: ``sink_episodes (session_id, seq, content)``.
+
+    The README's DictSink, shared: a retain stores each episode under its (session, seq), a forget
+    removes the seqs named (all of the session's for ``seqs=None``). The table needs a primary key
+    on (session_id, seq): see :data:`SINK_TABLE`.
+    """
 
     mode = "append"
 
@@ -51,7 +58,8 @@ class SharedTableSink:
         with psycopg.connect(self.url, autocommit=True) as conn:
             for episode in batch.episodes:
                 conn.execute(
-                    "INSERT INTO sink_episodes (session_id, seq, content) VALUES (%s, %s, %s)",
+                    "INSERT INTO sink_episodes (session_id, seq, content) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (session_id, seq) DO UPDATE SET content = excluded.content",
                     (batch.session_id, episode.seq, episode.content),
                 )
         if self.go_file is not None:

@@ -691,3 +691,95 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
         "\n".join(problems[:20]) + f"\n({len(problems)} problems; {len(acks)} acks, {len(doubts)} in doubt, "
         f"refusals {dict(refusals)}, {redelivered} batches redelivered; faults: {fault_log})"
     )
+
+
+# -- 5. chaos with erasure: deletes, clears and tenant forgets, and a sink every replica shares -----------
+
+ERASE_CHAOS_SECONDS = float(os.environ.get("MEMENGINE_TEST_CHAOS_SECONDS", "20"))
+
+
+def test_erasing_replicas_under_chaos_leave_the_sink_no_deleted_episode(pg_url: str) -> None:
+    """Three replicas add, read, delete, clear and forget tenants over 12 shared sessions, with faults.
+
+    As in the chaos test above: at random, one replica is paused (SIGSTOP 0.5-3 s), killed
+    (kill -9) and started again, or has its server connections killed; the last 6 s are
+    fault-free. The sink is the README's DictSink as a table all of them write
+    (tests/stale_sink_worker.py). After a fresh replica drained the outbox, the sink holds
+    exactly the live episodes: nothing deleted, cleared or forgotten (a stale call landing
+    late would show here), and every live episode. ``MEMENGINE_TEST_CHAOS_SECONDS`` sets the
+    length (default 20 s).
+    """
+    from .stale_sink_worker import SINK_TABLE
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(SINK_TABLE)
+    rng = random.Random(os.environ.get("MEMENGINE_TEST_CHAOS_SEED", "24"))
+    env = {
+        "MEMENGINE_TEST_SINK_TABLE": "1",
+        "MEMENGINE_TEST_RETAIN_EVERY": "2",
+        "MEMENGINE_TEST_LEASE_TTL": "2.0",
+        "MEMENGINE_TEST_LEASE_WAIT": "5.0",
+    }
+    names = [f"erase-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
+    backends = dict(zip(names, ["asyncio", "trio", "asyncio"], strict=True))
+    workers: list[FaultWorker] = []
+    live: dict[str, FaultWorker] = {}
+    records: list[dict[str, Any]] = []
+    faults: list[str] = []
+
+    def start(name: str, seconds: float) -> None:
+        live[name] = FaultWorker(named(pg_url, name), backends[name], name, "erase", seconds, **env)
+        workers.append(live[name])
+
+    try:
+        started = time.monotonic()
+        for name in names:
+            start(name, ERASE_CHAOS_SECONDS)
+        deadline = started + ERASE_CHAOS_SECONDS - 6
+        while time.monotonic() < deadline:
+            name = rng.choice(names)
+            victim, roll = live[name], rng.random()
+            if roll < 0.15:
+                victim.signal(signal.SIGKILL)
+                records.extend(victim.collect())
+                start(name, max(5.0, started + ERASE_CHAOS_SECONDS - time.monotonic()))
+                faults.append(f"killed -9 and restarted {name}")
+            elif roll < 0.6:
+                pause = rng.uniform(0.5, 3.0)
+                victim.signal(signal.SIGSTOP)
+                time.sleep(pause)
+                victim.signal(signal.SIGCONT)
+                faults.append(f"paused {name} {pause:.1f} s")
+            else:
+                faults.append(f"killed {terminate_backends(name)} connections of {name}")
+            time.sleep(rng.uniform(0.2, 1.0))
+        for worker in live.values():
+            records.extend(worker.finish(120))
+        drainer = FaultWorker(pg_url, "trio", "drainer", **env)
+        workers.append(drainer)
+        rows = StoreRows(pg_url)
+        drain_deadline = time.monotonic() + 60
+        while rows.query("SELECT count(*) FROM retain_outbox")[0][0] and time.monotonic() < drain_deadline:
+            time.sleep(0.2)
+        left = rows.query("SELECT count(*) FROM retain_outbox")[0][0]
+        drainer.exit(30)
+    finally:
+        for worker in workers:
+            worker.stop()
+    ops = defaultdict(int)
+    for record in records:
+        ops[record["op"]] += 1
+    summary = f"{dict(ops)}; faults: {'; '.join(faults)}"
+    print(f"erasure chaos: {summary}")
+    assert ops["ack"] > 100 and ops["deleted"] and ops["cleared"] and ops["erased"], summary
+    assert left == 0, f"{left} rows left in the retain outbox after draining ({summary})"
+    stored = {(session, seq): content for session, seq, _, content in _episodes(pg_url)}
+    sink = {(session, seq): content for session, seq, content in rows.query("SELECT * FROM sink_episodes")}
+    deleted_held = sorted(key for key, content in sink.items() if stored.get(key) != content)
+    never_delivered = sorted(key for key in stored if key not in sink)
+    assert deleted_held == [], f"the sink holds {len(deleted_held)} deleted episodes: {deleted_held[:5]} ({summary})"
+    assert never_delivered == [], f"{len(never_delivered)} live episodes never delivered ({summary})"
+
+
+def _episodes(url: str) -> list[tuple]:
+    return StoreRows(url).query("SELECT session_id, seq, id, content FROM episodes")

@@ -27,7 +27,7 @@ import pytest
 from memengine import SessionConfig, open_engine
 
 from .conftest import postgres_schema, postgres_unreachable
-from .stale_sink_worker import SharedTableSink
+from .stale_sink_worker import SINK_TABLE, SharedTableSink
 from .test_owner_liveness import terminate_liveness_backend
 from .test_replicas import ROOT
 
@@ -60,7 +60,7 @@ async def test_a_frozen_replicas_sink_call_never_lands_after_the_forget(anyio_ba
     go_file = tmp_path / "go"
     with postgres_schema() as url:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE sink_episodes (session_id text, seq integer, content text)")
+            conn.execute(SINK_TABLE)
         worker_backend = "trio" if anyio_backend == "asyncio" else "asyncio"
         frozen = subprocess.Popen(  # noqa: ASYNC220 - started once, before any engine runs here
             [sys.executable, "-m", "tests.stale_sink_worker", url, worker_backend, str(go_file)],
