@@ -11,6 +11,8 @@ outbox's rows and the set-aside listing.
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import attrs
 import pytest
@@ -86,29 +88,33 @@ def marker_rows(rows: StoreRows) -> list[tuple]:
     )
 
 
-async def test_a_clear_behind_a_set_aside_batch_reaches_the_sink(store_url) -> None:
-    rows = StoreRows(store_url)
+@contextlib.asynccontextmanager
+async def a_set_aside_batch(store_url: str, session_id: str, config: SessionConfig = CONFIG):
+    """An engine whose session has seq 1 delivered, seq 2 set aside, seq 3 behind it; the outbox ends empty."""
     sink = RefusingDictSink()
-    async with open_engine(store_url, retain_sink=sink, config=CONFIG, retain_grace=0) as engine:
-        await set_aside_behind_a_delivered_one(engine, sink, "t/a")
+    async with open_engine(store_url, retain_sink=sink, config=config, retain_grace=0) as engine:
+        await set_aside_behind_a_delivered_one(engine, sink, session_id)
+        yield engine, sink
+    assert StoreRows(store_url).query("SELECT count(*) FROM retain_outbox") == [(0,)]
+
+
+async def test_a_clear_behind_a_set_aside_batch_reaches_the_sink(store_url) -> None:
+    async with a_set_aside_batch(store_url, "t/a") as (engine, sink):
         await engine.session("t/a").clear()
         await sink.wait_until(lambda: ("t/a", None) in sink.forgets)
         assert sink.sessions["t/a"] == {}
         assert await engine.list_set_aside() == []
         assert (await engine.stats()).retains_set_aside == 0
-        assert marker_rows(rows) == []
+        assert marker_rows(StoreRows(store_url)) == []
         # The session goes on: its next batch is delivered (nothing set aside holds it back).
         await engine.session("t/a").add([Episode("user", "again")])
         await sink.wait_until(lambda: list(sink.sessions["t/a"].values()) == ["again"])
-    assert rows.query("SELECT count(*) FROM retain_outbox") == [(0,)]
 
 
 async def test_a_tenant_forget_behind_a_set_aside_batch_reaches_the_sink_and_leaves_no_trace(store_url) -> None:
     rows = StoreRows(store_url)
-    sink = RefusingDictSink()
     config = attrs.evolve(CONFIG, retain_retry_later=0.05)  # test_forget_wakes_delivery.py: no timer needed
-    async with open_engine(store_url, retain_sink=sink, config=config, retain_grace=0) as engine:
-        await set_aside_behind_a_delivered_one(engine, sink, "t/a")
+    async with a_set_aside_batch(store_url, "t/a", config) as (engine, sink):
         report = await engine.forget(tenant="t")
         assert report.sessions == 1
         await sink.wait_until(lambda: ("t/a", None) in sink.forgets)
@@ -124,10 +130,7 @@ async def test_a_tenant_forget_behind_a_set_aside_batch_reaches_the_sink_and_lea
 
 
 async def test_a_delete_overtakes_a_set_aside_batch_which_a_retry_then_delivers(store_url) -> None:
-    rows = StoreRows(store_url)
-    sink = RefusingDictSink()
-    async with open_engine(store_url, retain_sink=sink, config=CONFIG, retain_grace=0) as engine:
-        await set_aside_behind_a_delivered_one(engine, sink, "s")
+    async with a_set_aside_batch(store_url, "s") as (engine, sink):
         await engine.session("s").delete_episodes([1])
         await sink.wait_until(lambda: ("s", (1,)) in sink.forgets)
         assert sink.sessions["s"] == {}
@@ -137,31 +140,22 @@ async def test_a_delete_overtakes_a_set_aside_batch_which_a_retry_then_delivers(
         sink.refused = None
         assert await engine.retry_set_aside("s") == 1
         await sink.wait_until(lambda: sink.sessions["s"] == {2: f"my {MARKER}", 3: "bye"})
-    assert rows.query("SELECT count(*) FROM retain_outbox") == [(0,)]
 
 
 async def test_deleting_the_set_aside_episode_drops_the_batch_and_its_error(store_url) -> None:
-    rows = StoreRows(store_url)
-    sink = RefusingDictSink()
-    async with open_engine(store_url, retain_sink=sink, config=CONFIG, retain_grace=0) as engine:
-        await set_aside_behind_a_delivered_one(engine, sink, "s")
+    async with a_set_aside_batch(store_url, "s") as (engine, sink):
         await engine.session("s").delete_episodes([2])
         # Seq 2 was claimed once: the sink is told to forget it; seq 3 goes out (before, as recorded before).
         await sink.wait_until(lambda: ("s", (2,)) in sink.forgets)
         assert sink.sessions["s"] == {1: "hello", 3: "bye"}
         assert await engine.list_set_aside() == []
-        assert marker_rows(rows) == []
-    assert rows.query("SELECT count(*) FROM retain_outbox") == [(0,)]
+        assert marker_rows(StoreRows(store_url)) == []
 
 
 async def test_a_discard_after_a_delete_drops_only_the_set_aside_batch(store_url) -> None:
-    rows = StoreRows(store_url)
-    sink = RefusingDictSink()
-    async with open_engine(store_url, retain_sink=sink, config=CONFIG, retain_grace=0) as engine:
-        await set_aside_behind_a_delivered_one(engine, sink, "s")
+    async with a_set_aside_batch(store_url, "s") as (engine, sink):
         await engine.session("s").delete_episodes([1])
         await sink.wait_until(lambda: ("s", (1,)) in sink.forgets)
         (dropped,) = await engine.discard_set_aside("s")
         assert (dropped.first_seq, dropped.last_seq) == (2, 2)
         await sink.wait_until(lambda: sink.sessions["s"] == {3: "bye"})
-    assert rows.query("SELECT count(*) FROM retain_outbox") == [(0,)]

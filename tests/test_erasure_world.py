@@ -22,37 +22,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from memengine import Episode, SessionConfig, open_engine
+from memengine import Episode, open_engine
 
 from .erasure_world import file_holds, json_holds, log_text, store_holding
-from .fakes import RecordingSummarizer
-from .test_retain_delivery import GUARD, QUICK
+from .fakes import QuotingSummarizer
+from .test_error_text_erasure import CONFIG
+from .test_retain_delivery import GUARD
 
 pytestmark = pytest.mark.anyio
 
 NO_SUMMARY = "no-summary"  # the summarizer refuses a batch holding this, quoting it
 NO_RETAIN = "no-retain"  # the sink refuses a batch holding this, quoting it
-CONFIG = SessionConfig(
-    evict_to=1.0,
-    max_episodes=3,
-    summarize_attempts=2,
-    summarize_backoff=0.001,
-    summarize_backoff_max=0.001,
-    summarize_set_aside_after=1,
-    retain_every=1,
-    retain_attempts=2,
-    retain_retry_later=0.01,
-    retain_set_aside_after=1,
-    **QUICK,
-)
-
-
-class QuotingSummarizer(RecordingSummarizer):
-    async def summarize(self, previous, episodes):
-        for episode in episodes:
-            if NO_SUMMARY in episode.content:
-                raise RuntimeError(f"the model refuses to summarize {episode.content!r}")
-        return await super().summarize(previous, episodes)
 
 
 class WorldSink:
@@ -97,7 +77,7 @@ async def test_after_a_tenant_forget_nothing_memengine_writes_holds_its_text(sto
     sink = WorldSink()
     async with open_engine(
         store_url,
-        summarizer=QuotingSummarizer(),
+        summarizer=QuotingSummarizer(NO_SUMMARY),
         retain_sink=sink,
         config=CONFIG,
         record_to=recording,

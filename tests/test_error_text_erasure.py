@@ -17,12 +17,13 @@ import pytest
 from memengine import Episode, SessionConfig, open_engine
 
 from .conftest import StoreRows
-from .fakes import RecordingSummarizer
+from .fakes import QuotingSummarizer
 from .test_erasure_set_aside import MARKER, RefusingDictSink
 from .test_retain_delivery import GUARD, QUICK
 
 pytestmark = pytest.mark.anyio
 
+#: Summary and retain batches set aside after one round of two quick attempts.
 CONFIG = SessionConfig(
     evict_to=1.0,
     max_episodes=2,
@@ -36,16 +37,6 @@ CONFIG = SessionConfig(
     retain_set_aside_after=1,
     **QUICK,
 )
-
-
-class QuotingSummarizer(RecordingSummarizer):
-    """Refuses any batch holding the marker, quoting it (as a model's refusal might)."""
-
-    async def summarize(self, previous, episodes):
-        for episode in episodes:
-            if MARKER in episode.content:
-                raise RuntimeError(f"the model refuses to summarize {episode.content!r}")
-        return await super().summarize(previous, episodes)
 
 
 def logged_text(caplog: pytest.LogCaptureFixture) -> str:
@@ -83,7 +74,7 @@ async def test_error_texts_quoting_erased_episodes_are_erased_and_never_logged(s
     rows = StoreRows(store_url)
     sink = RefusingDictSink()
     async with open_engine(
-        store_url, summarizer=QuotingSummarizer(), retain_sink=sink, config=CONFIG, retain_grace=0
+        store_url, summarizer=QuotingSummarizer(MARKER), retain_sink=sink, config=CONFIG, retain_grace=0
     ) as engine:
         await both_set_aside(engine, "t/a")
         assert any(MARKER in str(error) for _, error in stored_error_texts(rows))

@@ -14,7 +14,7 @@ import pytest
 from memengine import Episode, SessionConfig, SummaryError, open_engine
 from memengine.replay import read_log, recorded_config, replay
 
-from .fakes import RecordingSummarizer
+from .fakes import QuotingSummarizer
 
 pytestmark = pytest.mark.anyio
 
@@ -34,19 +34,11 @@ def marker(n: int) -> str:
     return f"passport number X{n}234567"
 
 
-class QuotingSummarizer(RecordingSummarizer):
-    """Refuses any batch that mentions a passport, quoting it (as a model's refusal might)."""
-
-    async def summarize(self, previous, episodes):
-        for episode in episodes:
-            if "passport" in episode.content:
-                raise RuntimeError(f"the model refuses to summarize {episode.content!r}")
-        return await super().summarize(previous, episodes)
-
-
 async def test_delete_clear_and_forget_leave_no_erased_text_in_the_recording(store_url, tmp_path) -> None:
     recording = tmp_path / "messages.jsonl"
-    async with open_engine(store_url, summarizer=QuotingSummarizer(), config=CONFIG, record_to=recording) as engine:
+    async with open_engine(
+        store_url, summarizer=QuotingSummarizer("passport"), config=CONFIG, record_to=recording
+    ) as engine:
         kept = engine.session("t/kept")
         await kept.add([Episode("user", "hello"), Episode("user", f"my {marker(1)}", metadata={"why": marker(1)})])
         await kept.add([Episode("user", "bye, and ünïcode 123")])

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -211,6 +211,54 @@ def stored_episodes(url: str) -> dict[str, list[tuple[int, str, str]]]:
     ):
         stored[session].append((seq, episode_id, content))
     return stored
+
+
+def random_faults(
+    rng: random.Random,
+    names: list[str],
+    live: dict[str, FaultWorker],
+    until: float,
+    kill_and_restart: Callable[[str], None],
+    postgres: bool,
+    faults: list[str],
+) -> float:
+    """Until ``until`` (monotonic), fault a random one of ``names`` every 0.2-1 s; the wall-clock time of the last.
+
+    A fault is a kill -9 and a restart (``kill_and_restart``), a pause (SIGSTOP 0.5-3 s), or, on
+    PostgreSQL, its server connections killed; each is logged in ``faults``.
+    """
+    last_fault = time.time()
+    while time.monotonic() < until:
+        name = rng.choice(names)
+        victim, roll = live[name], rng.random()
+        if roll < 0.15:
+            kill_and_restart(name)
+            faults.append(f"killed -9 and restarted {name}")
+        elif not postgres or roll < 0.6:
+            pause = rng.uniform(0.5, 3.0)
+            victim.signal(signal.SIGSTOP)
+            time.sleep(pause)
+            victim.signal(signal.SIGCONT)
+            faults.append(f"paused {name} {pause:.1f} s")
+        else:
+            faults.append(f"killed {terminate_backends(name)} connections of {name}")
+        last_fault = time.time()
+        time.sleep(rng.uniform(0.2, 1.0))
+    return last_fault
+
+
+def drained_by_a_fresh_replica(
+    url: str, env: dict[str, str], workers: list[FaultWorker], seconds: float
+) -> tuple[int, list[dict[str, Any]]]:
+    """A fresh replica delivers what the others left in the retain outbox: the rows left, and what it printed."""
+    drainer = FaultWorker(url, "trio", "drainer", **env)
+    workers.append(drainer)
+    rows = StoreRows(url)
+    deadline = time.monotonic() + seconds
+    while rows.query("SELECT count(*) FROM retain_outbox")[0][0] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = rows.query("SELECT count(*) FROM retain_outbox")[0][0]
+    return left, drainer.exit(30)
 
 
 # -- 1. a replica frozen inside a transaction that holds its lease row lock -------------------------------
@@ -561,7 +609,6 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
     }
     postgres = store_url.startswith("postgresql://")
     pg_url = store_url
-    last_fault = time.time()
     names = [f"chaos-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
     backends = dict(zip(names, ["asyncio", "trio", "asyncio"], strict=True))
     workers: list[FaultWorker] = []  # every process started, for the cleanup
@@ -579,49 +626,29 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(st
         started = time.monotonic()
         for name in names:
             start(name, CHAOS_SECONDS)
+
+        def kill_and_restart(name: str) -> None:
+            # kill -9, and a new process under the same name (it takes its sessions back at once).
+            live[name].signal(signal.SIGKILL)
+            printed = live[name].collect()
+            dead_at = time.time()  # it has exited: it serves nothing from here on
+            answered = {r["id"] for r in printed if r["op"] in ("ack", "doubt")}
+            killed_tries.update(r["id"] for r in printed if r["op"] == "try" and r["id"] not in answered)
+            records[name].extend(printed)
+            # Its leases end with it (others may take its sessions at once: store/owners.py).
+            ended = {(r["session"], r["token"]) for r in printed if r["op"] == "lease" and r["event"] == "released"}
+            records[name].extend(
+                {"op": "lease", "event": "released", "session": r["session"], "token": r["token"], "at": dead_at}
+                for r in printed
+                if r["op"] == "lease" and r["event"] == "taken" and (r["session"], r["token"]) not in ended
+            )
+            start(name, max(5.0, started + CHAOS_SECONDS - time.monotonic()))
+
         # No fault starts in the last 6 s of the first replica's hammer (a pause lasts up to 3 s): 3 s or more without.
-        deadline = started + CHAOS_SECONDS - 6
-        while time.monotonic() < deadline:
-            name = rng.choice(names)
-            victim, roll = live[name], rng.random()
-            if roll < 0.15:
-                # kill -9, and a new process under the same name (it takes its sessions back at once).
-                victim.signal(signal.SIGKILL)
-                printed = victim.collect()
-                dead_at = time.time()  # it has exited: it serves nothing from here on
-                answered = {r["id"] for r in printed if r["op"] in ("ack", "doubt")}
-                killed_tries.update(r["id"] for r in printed if r["op"] == "try" and r["id"] not in answered)
-                records[name].extend(printed)
-                # Its leases end with it (others may take its sessions at once: store/owners.py).
-                ended = {(r["session"], r["token"]) for r in printed if r["op"] == "lease" and r["event"] == "released"}
-                records[name].extend(
-                    {"op": "lease", "event": "released", "session": r["session"], "token": r["token"], "at": dead_at}
-                    for r in printed
-                    if r["op"] == "lease" and r["event"] == "taken" and (r["session"], r["token"]) not in ended
-                )
-                start(name, max(5.0, started + CHAOS_SECONDS - time.monotonic()))
-                faults.append(f"killed -9 and restarted {name}")
-            elif not postgres or roll < 0.6:
-                pause = rng.uniform(0.5, 3.0)
-                victim.signal(signal.SIGSTOP)
-                time.sleep(pause)
-                victim.signal(signal.SIGCONT)
-                faults.append(f"paused {name} {pause:.1f} s")
-            else:
-                faults.append(f"killed {terminate_backends(name)} connections of {name}")
-            last_fault = time.time()
-            time.sleep(rng.uniform(0.2, 1.0))
+        last_fault = random_faults(rng, names, live, started + CHAOS_SECONDS - 6, kill_and_restart, postgres, faults)
         for name, worker in live.items():
             records[name].extend(worker.finish(90))
-        # A fresh replica delivers whatever the others left in the retain outbox.
-        drainer = FaultWorker(pg_url, "trio", "drainer", **env)
-        workers.append(drainer)
-        rows = StoreRows(pg_url)
-        drain_deadline = time.monotonic() + 30
-        while rows.query("SELECT count(*) FROM retain_outbox")[0][0] and time.monotonic() < drain_deadline:
-            time.sleep(0.2)
-        left = rows.query("SELECT count(*) FROM retain_outbox")[0][0]
-        records["drainer"] = drainer.exit(30)
+        left, records["drainer"] = drained_by_a_fresh_replica(pg_url, env, workers, 30)
     finally:
         for worker in workers:
             worker.stop()
@@ -735,34 +762,16 @@ def test_erasing_replicas_under_chaos_leave_the_sink_no_deleted_episode(pg_url: 
         started = time.monotonic()
         for name in names:
             start(name, ERASE_CHAOS_SECONDS)
-        deadline = started + ERASE_CHAOS_SECONDS - 6
-        while time.monotonic() < deadline:
-            name = rng.choice(names)
-            victim, roll = live[name], rng.random()
-            if roll < 0.15:
-                victim.signal(signal.SIGKILL)
-                records.extend(victim.collect())
-                start(name, max(5.0, started + ERASE_CHAOS_SECONDS - time.monotonic()))
-                faults.append(f"killed -9 and restarted {name}")
-            elif roll < 0.6:
-                pause = rng.uniform(0.5, 3.0)
-                victim.signal(signal.SIGSTOP)
-                time.sleep(pause)
-                victim.signal(signal.SIGCONT)
-                faults.append(f"paused {name} {pause:.1f} s")
-            else:
-                faults.append(f"killed {terminate_backends(name)} connections of {name}")
-            time.sleep(rng.uniform(0.2, 1.0))
+
+        def kill_and_restart(name: str) -> None:
+            live[name].signal(signal.SIGKILL)
+            records.extend(live[name].collect())
+            start(name, max(5.0, started + ERASE_CHAOS_SECONDS - time.monotonic()))
+
+        random_faults(rng, names, live, started + ERASE_CHAOS_SECONDS - 6, kill_and_restart, True, faults)
         for worker in live.values():
             records.extend(worker.finish(120))
-        drainer = FaultWorker(pg_url, "trio", "drainer", **env)
-        workers.append(drainer)
-        rows = StoreRows(pg_url)
-        drain_deadline = time.monotonic() + 60
-        while rows.query("SELECT count(*) FROM retain_outbox")[0][0] and time.monotonic() < drain_deadline:
-            time.sleep(0.2)
-        left = rows.query("SELECT count(*) FROM retain_outbox")[0][0]
-        drainer.exit(30)
+        left, _ = drained_by_a_fresh_replica(pg_url, env, workers, 60)
     finally:
         for worker in workers:
             worker.stop()
@@ -774,7 +783,7 @@ def test_erasing_replicas_under_chaos_leave_the_sink_no_deleted_episode(pg_url: 
     assert ops["ack"] > 100 and ops["deleted"] and ops["cleared"] and ops["erased"], summary
     assert left == 0, f"{left} rows left in the retain outbox after draining ({summary})"
     stored = {(session, seq): content for session, seq, _, content in _episodes(pg_url)}
-    sink = {(session, seq): content for session, seq, content in rows.query("SELECT * FROM sink_episodes")}
+    sink = {(session, seq): content for session, seq, content in StoreRows(pg_url).query("SELECT * FROM sink_episodes")}
     deleted_held = sorted(key for key, content in sink.items() if stored.get(key) != content)
     never_delivered = sorted(key for key in stored if key not in sink)
     assert deleted_held == [], f"the sink holds {len(deleted_held)} deleted episodes: {deleted_held[:5]} ({summary})"
