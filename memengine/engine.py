@@ -492,12 +492,10 @@ class Engine:
                 log.warning("looking for engines that died failed (%s); looking again in a second", exc)
                 period = HEARTBEAT_SECONDS
                 continue
-            had_others = self._others_running.is_set()
             self._others_seen(reaped.others)
-            if self._delivery is not None and (reaped.others or had_others):
-                # What another process records (a batch, or a forget: `memengine forget` has no sink) wakes
-                # only that process: this one looks at each heartbeat while others share the store, and
-                # once more after the last of them left.
+            if self._delivery is not None:
+                # What another process records (a batch, or a forget: `memengine forget` has no sink, and may
+                # come and go between two heartbeats) wakes only that process: this one looks at each heartbeat.
                 self._delivery.notify()
             # Alone on a store whose liveness lock cannot be lost (SQLite), there is nobody to look
             # after often: an engine that registers is found within a third of lease_ttl.
