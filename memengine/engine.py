@@ -288,13 +288,11 @@ class Engine:
             self.session(session_id)
         dropped = await self._services.store.discard_set_aside_retains(session_id)
         for work in dropped:
-            log.warning(
-                "discarded the set-aside retain batch of session %r seqs %d..%d (last error %s): "
-                "the sink never gets it",
+            log.warning(  # not its error text, which may quote the episodes (privacy/error_text.py)
+                "discarded the set-aside retain batch of session %r seqs %d..%d: the sink never gets it",
                 work.session_id,
                 work.first_seq,
                 work.last_seq,
-                work.error,
             )
         if dropped and self._delivery is not None:
             self._delivery.notify()
@@ -508,8 +506,11 @@ class Engine:
                     held = await store.keep_alive()
                 except Exception as exc:
                     log.warning("checking this engine's liveness lock failed (%s)", exc)
-            if not held and self._delivery is not None:
-                self._delivery.drop_claims()  # reads wait for a renewal by themselves (store.alive_until)
+            if self._delivery is not None:
+                if held:
+                    self._delivery.alive_moved()  # sink calls are bounded by store.alive_until, just moved
+                else:
+                    self._delivery.drop_claims()  # reads wait for a renewal by themselves (store.alive_until)
             try:
                 reaped = await store.reap_dead_owners()
             except Exception as exc:
@@ -517,6 +518,10 @@ class Engine:
                 period = HEARTBEAT_SECONDS
                 continue
             self._others_seen(reaped.others)
+            if self._delivery is not None:
+                # What another process records (a batch, or a forget: `memengine forget` has no sink, and may
+                # come and go between two heartbeats) wakes only that process: this one looks at each heartbeat.
+                self._delivery.notify()
             # Alone on a store whose liveness lock cannot be lost (SQLite), there is nobody to look
             # after often: an engine that registers is found within a third of lease_ttl.
             alone = not reaped.others and store.alive_until() == math.inf

@@ -83,6 +83,20 @@ class FailingSummarizer(RecordingSummarizer):
         return result
 
 
+class QuotingSummarizer(RecordingSummarizer):
+    """Refuses any batch with an episode that holds ``refused``, quoting the episode (as a model's refusal might)."""
+
+    def __init__(self, refused: str) -> None:
+        super().__init__()
+        self.refused = refused
+
+    async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+        for episode in episodes:
+            if self.refused in episode.content:
+                raise RuntimeError(f"the model refuses to summarize {episode.content!r}")
+        return await super().summarize(previous, episodes)
+
+
 async def context_once_summarized(session):
     """``context(wait_for_summary=True)``, asked again after each :class:`SummaryError`, as a patient client would.
 

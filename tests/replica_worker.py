@@ -8,6 +8,8 @@ with short leases, and prints JSON lines on stdout:
   time (``{"op": "lease", ...}``), so the test can check single activation;
 - in ``hammer`` mode, for SECONDS: random adds and reads over 50 shared
   sessions, each acknowledged add and each context read as it was returned;
+- in ``erase`` mode, for SECONDS: adds, reads, deletes, clears and tenant
+  forgets over 12 sessions of 4 tenants (``t<k>/s<j>``), from 8 clients;
 - in ``serve`` mode: one JSON command per stdin line (``add``, ``context``,
   ``delete``, ``clear``, ``active``, ``recall``, ``forget``, ``exit``), answered with one line each; and
   ``heartbeat`` (answered ``heartbeat_started``): from then on, adds to the
@@ -17,9 +19,12 @@ with short leases, and prints JSON lines on stdout:
 Fault knobs (environment):
 
 - ``MEMENGINE_TEST_RETAIN=1``: a retain sink (batches every
-  ``MEMENGINE_TEST_RETAIN_EVERY`` episodes, default 5) that prints every
+  ``MEMENGINE_TEST_RETAIN_EVERY`` episodes, default 5; a refused batch waits
+  ``MEMENGINE_TEST_RETAIN_RETRY_LATER`` seconds after a round, default 60) that prints every
   batch it is handed (``{"op": "retained", ...}``) and every forget
   (``{"op": "forgot", ...}``) before returning;
+- ``MEMENGINE_TEST_SINK_TABLE=1``: instead, the shared table sink of
+  stale_sink_worker.py (the README's DictSink as a table every process writes);
 - ``MEMENGINE_TEST_FREEZE_IN_TRANSACTION=1``: the ``freeze`` command arms a
   trap on a session: the next write of that session checks its lease
   (``SELECT ... FOR SHARE`` on the session's lease row, inside the commit's
@@ -69,6 +74,7 @@ from memengine import (
 from memengine.store import leases as lease_sql
 
 from .fakes import fold
+from .stale_sink_worker import SharedTableSink
 
 SESSIONS = [f"shared-{n:02d}" for n in range(int(os.environ.get("MEMENGINE_TEST_HAMMER_SESSIONS", "50")))]
 CONFIG = SessionConfig(
@@ -81,6 +87,7 @@ CONFIG = SessionConfig(
     summarize_backoff=0.01,
     summarize_retry_later=0.1,
     retain_every=int(os.environ.get("MEMENGINE_TEST_RETAIN_EVERY", "5")),
+    retain_retry_later=float(os.environ.get("MEMENGINE_TEST_RETAIN_RETRY_LATER", "60")),
 )
 
 
@@ -281,6 +288,49 @@ async def hammer(engine: Any, name: str, seconds: float) -> None:
             clients.start_soon(one_client, client)
 
 
+ERASE_SESSIONS = [f"t{tenant}/s{chat}" for tenant in range(4) for chat in range(3)]
+
+
+async def erase_hammer(engine: Any, name: str, seconds: float) -> None:
+    """For ``seconds``: adds, reads, deletes, clears and tenant forgets over 12 sessions of 4 tenants."""
+    rng = random.Random(f"erase {name}")
+    deadline = time.monotonic() + seconds
+    count = 0
+    last_seq: dict[str, int] = {}
+
+    async def one_client() -> None:
+        nonlocal count
+        while time.monotonic() < deadline:
+            session_id = rng.choice(ERASE_SESSIONS)
+            handle = engine.session(session_id)
+            roll = rng.random()
+            try:
+                if roll < 0.6:
+                    count += 1
+                    (stored,) = await handle.add([Episode("user", f"{name} {count}")])
+                    last_seq[session_id] = max(last_seq.get(session_id, 0), stored.seq)
+                    emit(op="ack", session=session_id, seq=stored.seq)
+                elif roll < 0.75:
+                    await handle.context()
+                elif roll < 0.9:
+                    seq = rng.randint(1, max(1, last_seq.get(session_id, 1)))
+                    emit(op="deleted", session=session_id, deleted=await handle.delete_episodes([seq]))
+                elif roll < 0.96:
+                    await handle.clear()
+                    emit(op="cleared", session=session_id)
+                else:
+                    tenant = session_id.split("/")[0]
+                    report = await engine.forget(tenant=tenant)
+                    emit(op="erased", tenant=tenant, sessions=report.sessions)
+            except MemEngineError as exc:
+                emit(op="refused", session=session_id, error=type(exc).__name__, message=str(exc))
+            await anyio.sleep(rng.random() * 0.01)
+
+    async with anyio.create_task_group() as clients:
+        for _ in range(8):
+            clients.start_soon(one_client)
+
+
 async def heartbeat(engine: Any, sessions: Sequence[str], interval: float) -> None:
     """Adds to ``sessions`` in turn every ``interval`` seconds, each printed with its latency."""
     beat = 0
@@ -383,12 +433,16 @@ async def one_call(engine: Any, command: dict[str, Any]) -> None:
 
 
 async def main(store: str, name: str, mode: str, seconds: float) -> None:
-    sink = PrintingSink() if os.environ.get("MEMENGINE_TEST_RETAIN") == "1" else None
+    sink: Any = PrintingSink() if os.environ.get("MEMENGINE_TEST_RETAIN") == "1" else None
+    if os.environ.get("MEMENGINE_TEST_SINK_TABLE") == "1":
+        sink = SharedTableSink(store)
     async with open_engine(store, summarizer=TaggedFold(name), config=CONFIG, owner=name, retain_sink=sink) as engine:
         log_leases(engine.store)
         emit(op="ready", name=name)
         if mode == "hammer":
             await hammer(engine, name, seconds)
+        elif mode == "erase":
+            await erase_hammer(engine, name, seconds)
         else:
             await serve(engine)
     emit(op="exited", name=name)

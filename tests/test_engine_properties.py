@@ -3,7 +3,9 @@
 Hypothesis drives random sequences of operations (adds, re-sent ids, adds of
 more than 4,000 episodes, reads, waiting reads, deletes, deleting the newest
 episodes before a close, clears, closes, cancelled calls, summarizer and sink
-failures, deliveries settling, commits in doubt on every kind of write, engine restarts, and the
+failures, deliveries settling, commits in doubt on every kind of write, engine restarts, users
+forgotten with ``engine.forget`` (after which no text of theirs is in any text column of the store, in
+the log records, or, once delivered, in the sink), and the
 engine stopped in the middle of an add by a cancelled scope or a failing
 sibling task), with the window drawn per run (chunked or one-at-a-time
 eviction, a token budget or none) and tool calls whose results come at once
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sqlite3
 import tempfile
@@ -45,6 +48,7 @@ from memengine import (
 )
 from memengine.tool_calls import tool_links
 
+from .erasure_world import log_text, store_texts
 from .fakes import CommitThenLoseConnection, RecordingSink, context_once_summarized, covered, fold
 from .guarded_portal import GuardedPortal
 
@@ -157,6 +161,12 @@ class EngineMachine(RuleBasedStateMachine):
         # Tool calls: the ids called so far and those not answered yet, per session.
         self.calls: dict[str, list[str]] = {s: [] for s in SESSIONS}
         self.unanswered: dict[str, list[str]] = {s: [] for s in SESSIONS}
+        # Users forgotten (engine.forget): their session, and the texts it held.
+        self.forgotten: dict[str, set[str]] = {}
+        self.logged = _ListHandler()
+        self.log_level = logging.getLogger("memengine").level
+        logging.getLogger("memengine").addHandler(self.logged)
+        logging.getLogger("memengine").setLevel(logging.INFO)
 
     # -- engine lifecycle --------------------------------------------------
 
@@ -220,6 +230,8 @@ class EngineMachine(RuleBasedStateMachine):
                 self.portal.close()  # bounded: tasks still running are listed, cancelled, and fail the test
             finally:
                 self.directory.cleanup()
+                logging.getLogger("memengine").removeHandler(self.logged)
+                logging.getLogger("memengine").setLevel(self.log_level)
 
     def _deliver_what_the_exit_left(self) -> None:
         """Reopen the engine until the outbox is drained: what a clean exit left there is pending, not lost.
@@ -469,6 +481,30 @@ class EngineMachine(RuleBasedStateMachine):
         self.portal.call(self.engine.session(session).clear)
         self.live[session] = []
 
+    @rule(count=st.integers(1, 5), summarized=st.booleans())
+    def forget_a_user(self, count: int, summarized: bool) -> None:
+        """A user's session is filled, then ``engine.forget(tenant=...)``: no text of it is left anywhere.
+
+        Searched for in every text column of every table of the store and in the log records; the
+        sink, once it has the forget, holds nothing of it (checked with the deliveries). A fresh
+        user each time: a forgotten session id starts again from seq 1, which the sink's model of
+        the fixed sessions does not allow for.
+        """
+        tenant = f"gone{len(self.forgotten) + 1}"
+        session = f"{tenant}/chat"
+        episodes = [self._episode(8) for _ in range(count)]
+        handle = self.engine.session(session)
+        self.portal.call(handle.add, episodes)
+        if summarized:
+            self.portal.call(self._wait_for_summary, handle)
+        report = self.portal.call(functools.partial(self.engine.forget, tenant=tenant))
+        assert (report.sessions, report.episodes) == (1, count)
+        texts = {episode.content for episode in episodes}
+        self.forgotten[session] = texts
+        found = [(table, column) for table, column, value in store_texts(str(self.db)) if _holds(value, texts)]
+        assert found == [], f"the forgotten user's text is still in {found}"
+        assert not _holds(log_text(self.logged.records), texts), "a log record holds the forgotten user's text"
+
     @rule(session=st.sampled_from(SESSIONS), cancelled=st.booleans())
     def close(self, session: str, cancelled: bool) -> None:
         handle = self.engine.session(session)
@@ -660,6 +696,24 @@ class EngineMachine(RuleBasedStateMachine):
                 live = {seq for seq, _ in self.live[session]}
                 assert live <= delivered, "a live episode was never delivered"
                 assert self.sink.held.get(session, set()) == live, f"{session}: the sink holds what was removed"
+        if final:
+            for session in self.forgotten:
+                assert self.sink.held.get(session, set()) == set(), f"{session}: the sink holds a forgotten user"
+
+
+class _ListHandler(logging.Handler):
+    """Keeps every record of the engine's loggers from INFO up (what a forget must not find in them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _holds(text: str, contents: set[str]) -> bool:
+    return any(content in text for content in contents)
 
 
 def _pick(items: Sequence, index: int):
@@ -788,3 +842,20 @@ def test_a_close_after_a_reload_settles_the_deleted_newest_seqs(machine: type[En
         steps.sink_holds_exactly_the_live_episodes_handed_on()
     finally:
         steps.teardown()
+
+
+@pytest.mark.parametrize("machine", [EngineMachine, TrioEngineMachine], ids=["asyncio", "trio"])
+def test_a_forgotten_user_leaves_no_text_anywhere(machine: type[EngineMachine]) -> None:
+    """The forget rule, as a fixed sequence: a user summarized, refused by the sink once, then forgotten."""
+    steps = machine()
+    try:
+        steps.start(big_adds=0, evict_to=0.5, max_tokens=None)
+        steps.add("alice", 2, 10)
+        steps.sink_fails(1)
+        steps.forget_a_user(5, True)  # the store and the log are searched for its texts in the step
+        steps.deliveries_settle()
+        steps.forget_a_user(1, False)
+        steps.sink_holds_exactly_the_live_episodes_handed_on()
+        steps.store_holds_exactly_the_live_episodes()
+    finally:
+        steps.teardown()  # the sink holds nothing of the forgotten users

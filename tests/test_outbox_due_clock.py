@@ -33,8 +33,8 @@ class _ClockPassesRetryTime:
 def _outbox_with_one_retry(retry_in: float) -> tuple[sqlite3.Connection, float]:
     conn = sqlite3.connect(":memory:")
     conn.execute(
-        "CREATE TABLE retain_outbox (id INTEGER PRIMARY KEY, session_id TEXT, key TEXT, retry_at REAL, "
-        "claimed_by TEXT, claim_until REAL, set_aside_at REAL)"
+        "CREATE TABLE retain_outbox (id INTEGER PRIMARY KEY, session_id TEXT, key TEXT, mode TEXT DEFAULT 'append', "
+        "retry_at REAL, claimed_by TEXT, claim_until REAL, set_aside_at REAL)"
     )
     retry_at = time.time() + retry_in
     conn.execute("INSERT INTO retain_outbox (session_id, key, retry_at) VALUES ('s', 'k', ?)", (retry_at,))

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -211,6 +211,54 @@ def stored_episodes(url: str) -> dict[str, list[tuple[int, str, str]]]:
     ):
         stored[session].append((seq, episode_id, content))
     return stored
+
+
+def random_faults(
+    rng: random.Random,
+    names: list[str],
+    live: dict[str, FaultWorker],
+    until: float,
+    kill_and_restart: Callable[[str], None],
+    postgres: bool,
+    faults: list[str],
+) -> float:
+    """Until ``until`` (monotonic), fault a random one of ``names`` every 0.2-1 s; the wall-clock time of the last.
+
+    A fault is a kill -9 and a restart (``kill_and_restart``), a pause (SIGSTOP 0.5-3 s), or, on
+    PostgreSQL, its server connections killed; each is logged in ``faults``.
+    """
+    last_fault = time.time()
+    while time.monotonic() < until:
+        name = rng.choice(names)
+        victim, roll = live[name], rng.random()
+        if roll < 0.15:
+            kill_and_restart(name)
+            faults.append(f"killed -9 and restarted {name}")
+        elif not postgres or roll < 0.6:
+            pause = rng.uniform(0.5, 3.0)
+            victim.signal(signal.SIGSTOP)
+            time.sleep(pause)
+            victim.signal(signal.SIGCONT)
+            faults.append(f"paused {name} {pause:.1f} s")
+        else:
+            faults.append(f"killed {terminate_backends(name)} connections of {name}")
+        last_fault = time.time()
+        time.sleep(rng.uniform(0.2, 1.0))
+    return last_fault
+
+
+def drained_by_a_fresh_replica(
+    url: str, env: dict[str, str], workers: list[FaultWorker], seconds: float
+) -> tuple[int, list[dict[str, Any]]]:
+    """A fresh replica delivers what the others left in the retain outbox: the rows left, and what it printed."""
+    drainer = FaultWorker(url, "trio", "drainer", **env)
+    workers.append(drainer)
+    rows = StoreRows(url)
+    deadline = time.monotonic() + seconds
+    while rows.query("SELECT count(*) FROM retain_outbox")[0][0] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = rows.query("SELECT count(*) FROM retain_outbox")[0][0]
+    return left, drainer.exit(30)
 
 
 # -- 1. a replica frozen inside a transaction that holds its lease row lock -------------------------------
@@ -568,7 +616,6 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(
     }
     postgres = store_url.startswith("postgresql://")
     pg_url = store_url
-    last_fault = time.time()
     names = [f"chaos-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
     backends = dict(zip(names, ["asyncio", "trio", "asyncio"], strict=True))
     workers: list[FaultWorker] = []  # every process started, for the cleanup
@@ -587,49 +634,30 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(
         started = time.monotonic()
         for name in names:
             start(name, hammer_seconds)
+
+        def kill_and_restart(name: str) -> None:
+            # kill -9, and a new process under the same name (it takes its sessions back at once).
+            live[name].signal(signal.SIGKILL)
+            printed = live[name].collect()
+            dead_at = time.time()  # it has exited: it serves nothing from here on
+            answered = {r["id"] for r in printed if r["op"] in ("ack", "doubt")}
+            killed_tries.update(r["id"] for r in printed if r["op"] == "try" and r["id"] not in answered)
+            records[name].extend(printed)
+            # Its leases end with it (others may take its sessions at once: store/owners.py).
+            ended = {(r["session"], r["token"]) for r in printed if r["op"] == "lease" and r["event"] == "released"}
+            records[name].extend(
+                {"op": "lease", "event": "released", "session": r["session"], "token": r["token"], "at": dead_at}
+                for r in printed
+                if r["op"] == "lease" and r["event"] == "taken" and (r["session"], r["token"]) not in ended
+            )
+            start(name, max(CALM_SECONDS, started + hammer_seconds - time.monotonic()))
+
         # No fault starts in the last CALM_SECONDS of the first replicas' hammer (a pause then lasts up to 3 s).
-        deadline = started + fault_seconds
-        while time.monotonic() < deadline:
-            name = rng.choice(names)
-            victim, roll = live[name], rng.random()
-            if roll < 0.15:
-                # kill -9, and a new process under the same name (it takes its sessions back at once).
-                victim.signal(signal.SIGKILL)
-                printed = victim.collect()
-                dead_at = time.time()  # it has exited: it serves nothing from here on
-                answered = {r["id"] for r in printed if r["op"] in ("ack", "doubt")}
-                killed_tries.update(r["id"] for r in printed if r["op"] == "try" and r["id"] not in answered)
-                records[name].extend(printed)
-                # Its leases end with it (others may take its sessions at once: store/owners.py).
-                ended = {(r["session"], r["token"]) for r in printed if r["op"] == "lease" and r["event"] == "released"}
-                records[name].extend(
-                    {"op": "lease", "event": "released", "session": r["session"], "token": r["token"], "at": dead_at}
-                    for r in printed
-                    if r["op"] == "lease" and r["event"] == "taken" and (r["session"], r["token"]) not in ended
-                )
-                start(name, max(CALM_SECONDS, started + hammer_seconds - time.monotonic()))
-                faults.append(f"killed -9 and restarted {name}")
-            elif not postgres or roll < 0.6:
-                pause = rng.uniform(0.5, 3.0)
-                victim.signal(signal.SIGSTOP)
-                time.sleep(pause)
-                victim.signal(signal.SIGCONT)
-                faults.append(f"paused {name} {pause:.1f} s")
-            else:
-                faults.append(f"killed {terminate_backends(name)} connections of {name}")
-            last_fault = time.time()
-            time.sleep(rng.uniform(0.2, 1.0))
+        last_fault = random_faults(rng, names, live, started + fault_seconds, kill_and_restart, postgres, faults)
         for name, worker in live.items():
             records[name].extend(worker.finish(90))
-        # A fresh replica delivers whatever the others left in the retain outbox.
-        drainer = FaultWorker(pg_url, "trio", "drainer", **env)
-        workers.append(drainer)
-        rows = StoreRows(pg_url)
-        drain_deadline = time.monotonic() + 120  # a deadline, not a pace: generous
-        while rows.query("SELECT count(*) FROM retain_outbox")[0][0] and time.monotonic() < drain_deadline:
-            time.sleep(0.2)
-        left = rows.query("SELECT count(*) FROM retain_outbox")[0][0]
-        records["drainer"] = drainer.exit(30)
+        # A fresh replica delivers whatever the others left in the retain outbox (a deadline, not a pace: generous).
+        left, records["drainer"] = drained_by_a_fresh_replica(pg_url, env, workers, 120)
     finally:
         for worker in workers:
             worker.stop()
@@ -699,3 +727,77 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(
         "\n".join(problems[:20]) + f"\n({len(problems)} problems; {len(acks)} acks, {len(doubts)} in doubt, "
         f"refusals {dict(refusals)}, {redelivered} batches redelivered; faults: {fault_log})"
     )
+
+
+# -- 5. chaos with erasure: deletes, clears and tenant forgets, and a sink every replica shares -----------
+
+ERASE_CHAOS_SECONDS = float(os.environ.get("MEMENGINE_TEST_CHAOS_SECONDS", "20"))
+
+
+def test_erasing_replicas_under_chaos_leave_the_sink_no_deleted_episode(pg_url: str) -> None:
+    """Three replicas add, read, delete, clear and forget tenants over 12 shared sessions, with faults.
+
+    As in the chaos test above: at random, one replica is paused (SIGSTOP 0.5-3 s), killed
+    (kill -9) and started again, or has its server connections killed; the last 6 s are
+    fault-free. The sink is the README's DictSink as a table all of them write
+    (tests/stale_sink_worker.py). After a fresh replica drained the outbox, the sink holds
+    exactly the live episodes: nothing deleted, cleared or forgotten (a stale call landing
+    late would show here), and every live episode. ``MEMENGINE_TEST_CHAOS_SECONDS`` sets the
+    length (default 20 s).
+    """
+    from .stale_sink_worker import SINK_TABLE
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(SINK_TABLE)
+    rng = random.Random(os.environ.get("MEMENGINE_TEST_CHAOS_SEED", "24"))
+    env = {
+        "MEMENGINE_TEST_SINK_TABLE": "1",
+        "MEMENGINE_TEST_RETAIN_EVERY": "2",
+        "MEMENGINE_TEST_LEASE_TTL": "2.0",
+        "MEMENGINE_TEST_LEASE_WAIT": "5.0",
+    }
+    names = [f"erase-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
+    backends = dict(zip(names, ["asyncio", "trio", "asyncio"], strict=True))
+    workers: list[FaultWorker] = []
+    live: dict[str, FaultWorker] = {}
+    records: list[dict[str, Any]] = []
+    faults: list[str] = []
+
+    def start(name: str, seconds: float) -> None:
+        live[name] = FaultWorker(named(pg_url, name), backends[name], name, "erase", seconds, **env)
+        workers.append(live[name])
+
+    try:
+        started = time.monotonic()
+        for name in names:
+            start(name, ERASE_CHAOS_SECONDS)
+
+        def kill_and_restart(name: str) -> None:
+            live[name].signal(signal.SIGKILL)
+            records.extend(live[name].collect())
+            start(name, max(5.0, started + ERASE_CHAOS_SECONDS - time.monotonic()))
+
+        random_faults(rng, names, live, started + ERASE_CHAOS_SECONDS - 6, kill_and_restart, True, faults)
+        for worker in live.values():
+            records.extend(worker.finish(120))
+        left, _ = drained_by_a_fresh_replica(pg_url, env, workers, 120)  # a deadline, not a pace
+    finally:
+        for worker in workers:
+            worker.stop()
+    ops = defaultdict(int)
+    for record in records:
+        ops[record["op"]] += 1
+    summary = f"{dict(ops)}; faults: {'; '.join(faults)}"
+    print(f"erasure chaos: {summary}")
+    assert ops["ack"] > 30 and ops["deleted"] and ops["cleared"] and ops["erased"], summary
+    assert left == 0, f"{left} rows left in the retain outbox after draining ({summary})"
+    stored = {(session, seq): content for session, seq, _, content in _episodes(pg_url)}
+    sink = {(session, seq): content for session, seq, content in StoreRows(pg_url).query("SELECT * FROM sink_episodes")}
+    deleted_held = sorted(key for key, content in sink.items() if stored.get(key) != content)
+    never_delivered = sorted(key for key in stored if key not in sink)
+    assert deleted_held == [], f"the sink holds {len(deleted_held)} deleted episodes: {deleted_held[:5]} ({summary})"
+    assert never_delivered == [], f"{len(never_delivered)} live episodes never delivered ({summary})"
+
+
+def _episodes(url: str) -> list[tuple]:
+    return StoreRows(url).query("SELECT session_id, seq, id, content FROM episodes")

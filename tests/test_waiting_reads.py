@@ -95,6 +95,7 @@ async def test_a_reader_waiting_for_a_summary_that_failed_every_attempt_gets_sum
     db_path, caplog: pytest.LogCaptureFixture, summarizer, cause: str
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="memengine")
+    caplog.set_level(logging.DEBUG, logger="memengine.content")  # the opt-in logger of what may quote content
     summarizer.calls.clear()
     config = SessionConfig(evict_to=1.0, max_episodes=1, **FAST)
     async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
@@ -109,9 +110,9 @@ async def test_a_reader_waiting_for_a_summary_that_failed_every_attempt_gets_sum
         assert [e.content for e in context.episodes] == ["turn 1", "turn 2", "turn 3"]
     failures = [r for r in caplog.records if r.name == "memengine.summarizer" and r.levelno >= logging.WARNING]
     assert failures, "each failure is logged"
-    for record in failures:  # one concise line each; the traceback only at debug level
+    for record in failures:  # one concise line each; the traceback only at debug level, where content may be
         assert record.exc_info is None and "\n" not in record.getMessage()
-    assert any(r.levelno == logging.DEBUG and r.exc_info for r in caplog.records if r.name == "memengine.summarizer")
+    assert any(r.levelno == logging.DEBUG and r.exc_info for r in caplog.records if r.name == "memengine.content")
 
 
 async def test_a_reader_arriving_after_the_failure_waits_for_the_next_try(db_path) -> None:

@@ -62,6 +62,7 @@ import anyio
 import attrs
 
 from ..config import SessionConfig
+from ..privacy.error_text import error_label, error_text, log_content
 from ..retrying import retry_delay
 from ..store.base import DueBatch, DueRetains, OutboxEntry, OutboxState, Store
 from ..telemetry import NO_TELEMETRY, Telemetry
@@ -121,6 +122,15 @@ class RetainMetrics:
         return cls(outbox.depth, age, delivered, failures)
 
 
+class _SinkTimeout(TimeoutError):
+    """A sink call cut at ``retain_timeout``: memengine's own words, which quote nothing of the batch."""
+
+
+def _described(error: Exception) -> str:
+    """How a log line names a failed call: by its type, as its text may quote the batch (privacy/error_text.py)."""
+    return f"TimeoutError({str(error)!r})" if isinstance(error, _SinkTimeout) else error_label(error)
+
+
 class _CallEnd(enum.Enum):
     RETURNED = "the sink returned: it has the batch"
     CLAIM_LOST = "the claim was lost mid-call: the batch is another process's now, or gone"
@@ -130,8 +140,10 @@ class _CallEnd(enum.Enum):
 class _Call:
     """A sink call in flight: the claim keeper extends its claim, and cancels it if the claim is lost.
 
-    ``valid_until`` (anyio's clock) is when the claim may lapse in the store, less the margin; the
-    call's ``scope`` is cancelled then, unless an extension moves it.
+    ``valid_until`` (anyio's clock) is when the claim may lapse in the store, less the margin. The
+    call's ``scope`` is cancelled then, or when this process's own proof of life lapses
+    (``store.alive_until()``: others may take it for dead and void its claims after that), whichever
+    comes first, unless an extension or a heartbeat moves them.
     """
 
     entry_id: int
@@ -140,10 +152,13 @@ class _Call:
     scope: anyio.CancelScope
     extending: bool = False
 
-    def prolong(self, valid_until: float) -> None:
-        if valid_until > self.valid_until:
-            self.valid_until = valid_until
-            self.scope.deadline = valid_until
+    def counted_until(self, alive_until: float) -> float:
+        """Until when the call is counted on: its claim and this process's proof of life both hold."""
+        return min(self.valid_until, alive_until)
+
+    def prolong(self, valid_until: float, alive_until: float) -> None:
+        self.valid_until = max(self.valid_until, valid_until)
+        self.scope.deadline = self.counted_until(alive_until)
 
 
 class RetainDelivery:
@@ -181,6 +196,12 @@ class RetainDelivery:
         """
         for call in self._calls.values():
             call.scope.cancel()
+
+    def alive_moved(self) -> None:
+        """A heartbeat renewed this process's proof of life (``store.alive_until()``): calls in flight may go on."""
+        alive_until = self._store.alive_until()
+        for call in self._calls.values():
+            call.prolong(call.valid_until, alive_until)
 
     def notify(self) -> None:
         """New batches are in the outbox (called after they are committed), or a session's turn ended."""
@@ -250,7 +271,7 @@ class RetainDelivery:
                 return config.retain_backoff
             entry = attrs.evolve(entry, last_seq=through, episodes=kept)
         valid_until = self._claim_valid_until(asked_at)
-        if anyio.current_time() >= valid_until:
+        if anyio.current_time() >= min(valid_until, self._store.alive_until()):
             log.warning("a retain claim came back too late to be counted on; the batch is tried again later")
             return config.retain_backoff
         outcome = await self._call_sink(entry, valid_until)
@@ -286,30 +307,36 @@ class RetainDelivery:
         """Hand the batch to the sink, for at most ``retain_timeout``, while its claim is kept.
 
         The call is cancelled when its claim can no longer be counted on
-        (``valid_until``, moved by each extension that went through), and a
-        return after that counts as a lost claim too: the batch may be
-        another process's by then.
+        (``valid_until``, moved by each extension that went through) or when
+        this process's own proof of life lapses (``store.alive_until()``,
+        moved by each heartbeat: a process frozen past it may have been
+        reaped, its claims voided and the batch sent, and a forget after it,
+        by another), and a return after either counts as a lost claim too:
+        never as delivered.
 
         The sink runs in this task, not under a task group here, so its error
         comes out as it was raised (a task group wraps it in a group, and a
         cancellation arriving meanwhile would join that group).
         """
         timeout = self._config.retain_timeout
-        call = _Call(entry.id, entry.key, valid_until, anyio.CancelScope(deadline=valid_until))
+        store = self._store
+        call = _Call(entry.id, entry.key, valid_until, anyio.CancelScope())
+        call.scope.deadline = call.counted_until(store.alive_until())
         self._calls[entry.id] = call
         try:
             with call.scope:
                 with anyio.move_on_after(timeout):
                     await self._hand_on(entry)
-                    if anyio.current_time() >= call.valid_until:
+                    if anyio.current_time() >= call.counted_until(store.alive_until()):
                         log.warning(
-                            "the retain sink returned batch %r after this process's claim on it could have lapsed; "
-                            "it is not counted as delivered, and is sent again with the same key",
+                            "the retain sink returned batch %r after this process's claim on it, or its own proof "
+                            "of life, could have lapsed; it is not counted as delivered, and is sent again with "
+                            "the same key",
                             entry.key,
                         )
                         return _CallEnd.CLAIM_LOST
                     return _CallEnd.RETURNED
-                return TimeoutError(f"the sink did not return within retain_timeout ({timeout:g}s); call cancelled")
+                return _SinkTimeout(f"the sink did not return within retain_timeout ({timeout:g}s); call cancelled")
             log.warning(
                 "the retain sink call for batch %r was cancelled: this process's claim on it was lost or could "
                 "not be kept; whoever claims it next sends it again with the same key",
@@ -345,7 +372,7 @@ class RetainDelivery:
         set_aside = end_of_round and limit is not None and attempt >= limit * config.retain_attempts
         if set_aside:
             log.error(
-                "retain of session %r seqs %d..%d failed in %d round(s) in a row (%d attempts; last error %r); "
+                "retain of session %r seqs %d..%d failed in %d round(s) in a row (%d attempts; last error %s); "
                 "set aside: it stays in the outbox with the session's later batches behind it, and is not sent "
                 "again until engine.retry_set_aside() or `memengine set-aside retry` (or dropped by discard)",
                 entry.session_id,
@@ -353,28 +380,28 @@ class RetainDelivery:
                 entry.last_seq,
                 attempt // config.retain_attempts,
                 attempt,
-                error,
+                _described(error),
             )
         else:
             log.log(
                 logging.ERROR if end_of_round else logging.WARNING,
-                "retain of session %r seqs %d..%d failed (attempt %d): %r; it stays in the outbox, retried in %.2fs",
+                "retain of session %r seqs %d..%d failed (attempt %d): %s; it stays in the outbox, retried in %.2fs",
                 entry.session_id,
                 entry.first_seq,
                 entry.last_seq,
                 attempt,
-                error,
+                _described(error),
                 retry_in,
             )
-        log.debug(
-            "the retain sink's traceback (session %r seqs %d..%d)",
+        log_content(
+            "the retain sink's error (session %r seqs %d..%d)",
             entry.session_id,
             entry.first_seq,
             entry.last_seq,
-            exc_info=error,
+            error=error,
         )
         recorded = await self._record(
-            self._store.mark_retain_failed(entry.id, entry.key, repr(error), retry_in, set_aside=set_aside)
+            self._store.mark_retain_failed(entry.id, entry.key, error_text(error), retry_in, set_aside=set_aside)
         )
         return None if set_aside and recorded else retry_in
 
@@ -416,7 +443,7 @@ class RetainDelivery:
                 if not kept:
                     call.scope.cancel()
                 elif self._calls.get(call.entry_id) is call:
-                    call.prolong(self._claim_valid_until(asked_at))
+                    call.prolong(self._claim_valid_until(asked_at), self._store.alive_until())
                 return
             log.warning("extending a retain claim did not finish before the claim could lapse; the call is cancelled")
         finally:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import anyio
@@ -453,6 +453,7 @@ class SessionActor:
             self._apply(snapshot)
             if self._retain is not None:
                 self._retain.removed()
+            await self._erase_recorded(message.seqs)
         self._answer(message, deleted)
 
     async def _on_clear(self, message: ClearSession) -> None:
@@ -460,11 +461,20 @@ class SessionActor:
         self._apply(await self._store.clear_session(self.session_id, self._lease.current()))
         if self._retain is not None:
             self._retain.removed()
+        await self._erase_recorded(None)
         self._answer(message, None)
+
+    async def _erase_recorded(self, seqs: Sequence[int] | None) -> None:
+        """The erased episodes leave the recording too (session/recording.py), before the answer is recorded."""
+        if self._recorder is not None:
+            await self._recorder.erase(self.session_id, seqs)
 
     async def _on_forget(self, message: ForgetSession) -> None:
         await self._settle_append()
         erased = await self._store.erase_session(self.session_id, self._lease.current())
+        if self._retain is not None:
+            self._retain.removed()  # its last step may have recorded a forget for the sink: delivered now
+        await self._erase_recorded(None)
         if erased.traces_left:
             # Its row and lease wait for the retain sink (store/erasure.py): an empty session, let go as at close.
             self._apply(await self._store.load_session(self.session_id))

@@ -24,6 +24,18 @@ on this module, never the reverse).
 
 Recording writes and flushes a line per message on the event loop: a tool for
 tests and debugging, not for production throughput.
+
+Erasure reaches the log. Before a delete, clear or forget is answered (and
+recorded), :meth:`MessageRecorder.erase` rewrites the log (a new file put in
+its place): in the session's earlier records, each erased episode's content
+is masked, character for character (a letter becomes ``x``, a digit ``0``,
+any other visible character ``.``; whitespace stays), so the log replays to
+the same seqs and windows (character budgets count the same; the offline
+token estimate nearly so), its metadata becomes ``{}`` and its record gets
+``"erased": [seqs]``; and every error text of the session's records (which
+may quote its episodes) is replaced. A clear or forget masks every episode
+of the session recorded so far. Erasures asked for during a rewrite share the
+next one; lines recorded meanwhile are held and written after it.
 """
 
 from __future__ import annotations
@@ -31,9 +43,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any, TextIO
 
+import anyio
 import attrs
 
 from ..config import SessionConfig
@@ -65,6 +80,11 @@ class MessageRecorder:
         self._path = os.fspath(path)
         self._file: TextIO = open(path, "a", encoding="utf-8")
         self._broken = False
+        # Lines recorded while a rewrite runs (None when none does); guarded by _lock with the file.
+        self._held: list[str] | None = None
+        self._lock = threading.Lock()
+        self._erasures: list[tuple[str, frozenset[int] | None, anyio.Event]] = []
+        self._rewriting = False
         self._write(_engine_json(config or SessionConfig(), summarizer))
 
     def record(self, session_id: str, message: ClientMessage, value: Any, error: BaseException | None) -> None:
@@ -81,15 +101,117 @@ class MessageRecorder:
     def _write(self, line: dict[str, Any]) -> None:
         if self._broken:
             return
+        text = json.dumps(line, ensure_ascii=False) + "\n"
+        with self._lock:
+            if self._held is not None:
+                self._held.append(text)
+                return
+            try:
+                self._file.write(text)
+                self._file.flush()
+            except (OSError, ValueError) as exc:
+                self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        self._broken = True
+        log.error("recording messages to %s failed (%s); recording stops, the engine goes on", self._path, exc)
+
+    async def erase(self, session_id: str, seqs: Collection[int] | None) -> None:
+        """Erase the session's episodes ``seqs`` (``None``: all of them) from the log recorded so far.
+
+        See the module docstring. The rewrite runs in a worker thread; erasures
+        asked for meanwhile share the next one. Returns once a rewrite that
+        started after the call has ended. If cancelled, the rewrite still runs
+        to its end. A rewrite that fails stops recording, as a failed write does
+        (the log is left as it was).
+        """
+        if self._broken:
+            return
+        done = anyio.Event()
+        self._erasures.append((session_id, None if seqs is None else frozenset(seqs), done))
+        if not self._rewriting:
+            self._rewriting = True
+            with anyio.CancelScope(shield=True):
+                try:
+                    while self._erasures:
+                        erasures, self._erasures = self._erasures, []
+                        await anyio.to_thread.run_sync(self._rewrite, [(s, q) for s, q, _ in erasures])
+                        for _, _, finished in erasures:
+                            finished.set()
+                finally:
+                    self._rewriting = False
+        await done.wait()
+
+    def _rewrite(self, erasures: list[tuple[str, frozenset[int] | None]]) -> None:
+        """In a worker thread: write the log with ``erasures`` applied to a new file, and put it in its place."""
+        if self._broken:
+            return
+        with self._lock:
+            self._held = []
+        fresh = f"{self._path}.erasing"
         try:
-            self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
-            self._file.flush()
+            with open(self._path, encoding="utf-8") as old, open(fresh, "w", encoding="utf-8") as new:
+                for line in old:
+                    new.write(_erased_line(line, erasures))
+            with self._lock:
+                with open(fresh, "a", encoding="utf-8") as new:
+                    new.writelines(self._held)
+                self._file.close()
+                os.replace(fresh, self._path)
+                self._file = open(self._path, "a", encoding="utf-8")
+                self._held = None
         except (OSError, ValueError) as exc:
-            self._broken = True
-            log.error("recording messages to %s failed (%s); recording stops, the engine goes on", self._path, exc)
+            with self._lock:
+                self._held = None
+                self._fail(exc)
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:
+            self._file.close()
+
+
+#: What an error text of a session's record becomes when episodes of the session are erased.
+ERASED_ERROR = "(erased with the session's deleted episodes: it may have quoted them)"
+
+
+def masked(text: str) -> str:
+    """``text`` with every letter an ``x``, every digit a ``0``, any other visible character a ``.``."""
+    return "".join("x" if c.isalpha() else "0" if c.isdigit() else c if c.isspace() else "." for c in text)
+
+
+def _erased_line(line: str, erasures: list[tuple[str, frozenset[int] | None]]) -> str:
+    """The log line with the erasures applied (the line itself when they do not touch it)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return line  # not ours to judge: replay reports it
+    if not isinstance(record, dict):
+        return line
+    touched = [seqs for session_id, seqs in erasures if record.get("session") == session_id]
+    if not touched:
+        return line
+    everything = any(seqs is None for seqs in touched)
+    erased_seqs = frozenset().union(*(seqs for seqs in touched if seqs is not None))
+    if isinstance(record.get("error"), dict):
+        record["error"]["message"] = ERASED_ERROR
+    if record.get("type") == "add":
+        _mask_add(record, everything, erased_seqs)
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def _mask_add(record: dict[str, Any], everything: bool, erased_seqs: frozenset[int]) -> None:
+    episodes = record.get("payload", {}).get("episodes", [])
+    outcome = record.get("outcome") or {}
+    seqs = outcome.get("seqs") or [None] * len(episodes)
+    erased = set(record.get("erased", []))
+    for episode, seq in zip(episodes, seqs, strict=False):
+        if everything or seq in erased_seqs:
+            episode["content"] = masked(episode["content"])
+            episode["metadata"] = {}
+            if seq is not None:
+                erased.add(seq)
+    if erased:
+        record["erased"] = sorted(erased)
 
 
 def _describe(message: ClientMessage, value: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:

@@ -28,6 +28,7 @@ import anyio
 
 from ..config import SessionConfig
 from ..errors import StoreError, SummaryError
+from ..privacy.error_text import error_label, error_text
 from ..store.base import SetAside, Store
 from .lease import SessionLease, means_reload
 from .messages import SummaryFailed, SummaryStored
@@ -85,7 +86,7 @@ class SummaryResults:
             attempts = f"{message.attempts} attempt{'s' if message.attempts != 1 else ''}"
             what = f"summarizing the episodes up to seq {message.through_seq} failed after {attempts}"
         return SummaryError(
-            f"session {self._session_id!r}: {what} ({one_line(message.error)}); they stay pending, shown raw, "
+            f"session {self._session_id!r}: {what} ({error_text(message.error)}); they stay pending, shown raw, "
             f"and are tried again in {self._config.summarize_retry_later:g} s"
         )
 
@@ -99,7 +100,7 @@ class SummaryResults:
                 summary.generation,
                 message.through_seq,
                 summary.failed_attempts,
-                one_line(message.error),
+                error_text(message.error),
             )
         except Exception as exc:
             if means_reload(exc):
@@ -117,7 +118,7 @@ class SummaryResults:
                 first,
                 message.through_seq,
                 summary.failed_attempts,
-                one_line(message.error),
+                error_text(message.error),
                 time.time(),
             )
         )
@@ -130,7 +131,7 @@ class SummaryResults:
             message.through_seq,
             summary.failed_rounds,
             summary.failed_attempts,
-            one_line(message.error),
+            error_label(message.error),  # its text is in the mark (privacy/error_text.py)
         )
         return True
 
@@ -165,7 +166,3 @@ def set_aside_error(session_id: str, record: SetAside) -> SummaryError:
         f"after {record.attempts} failed attempts (last error: {record.error}); they stay shown raw, and nothing "
         "is summarized for this session until engine.retry_set_aside() or `memengine set-aside retry`"
     )
-
-
-def one_line(error: BaseException) -> str:
-    return " ".join(repr(error).split())

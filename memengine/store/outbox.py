@@ -18,6 +18,13 @@ before every batch recorded later (which holds none of them). Undelivered
 batches lose the deleted episodes; one that was claimed keeps its place even
 when nothing is left in it, so that a forget never overtakes a batch still
 being sent: emptied, it is removed without a sink call once its turn comes.
+
+A batch set aside (set_aside.py) is not in flight, and never will be until
+it is retried: a delete or clear drops it once nothing is left in it, and
+while it heads its session, the session's forgets go out ahead of it (it
+holds none of the episodes they name, and the batches waiting behind it were
+never claimed). A delete or clear also erases the error text of the
+session's rows: a sink's message may quote what it was handed.
 """
 
 from __future__ import annotations
@@ -241,33 +248,50 @@ def _lease_token(db: Db, session_id: str, token: int | None) -> int:
     return 0 if row is None else int(row[0])
 
 
+#: What a row's error text becomes when a delete or clear of its session erases it.
+ERASED_ERROR = "(the error's text was erased with the session's deleted episodes)"
+
+
 def drop_session(db: Db, session_id: str) -> None:
     """After a clear: nothing of the session may still be delivered.
 
-    Batches never claimed go; a claimed one stays, emptied, so the clear's
-    forget cannot overtake it while it may still be in flight. Forgets stay.
+    Batches never claimed go, and so do set-aside ones (not in flight); a
+    claimed one stays, emptied, so the clear's forget cannot overtake it while
+    it may still be in flight. Forgets stay.
     """
     through = handed_through(db, session_id)
     db.execute(
-        "DELETE FROM retain_outbox WHERE session_id = ? AND mode <> 'forget' AND last_seq > ?", (session_id, through)
+        "DELETE FROM retain_outbox WHERE session_id = ? AND mode <> 'forget' "
+        "AND (last_seq > ? OR set_aside_at IS NOT NULL)",
+        (session_id, through),
     )
     db.execute("UPDATE retain_outbox SET episodes = '[]' WHERE session_id = ? AND mode <> 'forget'", (session_id,))
+    erase_errors(db, session_id)
     db.execute(
         "UPDATE sessions SET retained_through = {greatest}(retained_through, seq_floor) WHERE session_id = ?",
         (session_id,),
     )
 
 
+def erase_errors(db: Db, session_id: str) -> None:
+    """Erase the error text of the session's rows: a sink's message may quote episodes a delete or clear removed."""
+    db.execute(
+        "UPDATE retain_outbox SET last_error = ? WHERE session_id = ? AND last_error IS NOT NULL",
+        (ERASED_ERROR, session_id),
+    )
+
+
 def revise_after_delete(db: Db, session_id: str, deleted: Sequence[int]) -> None:
-    """Rewrite undelivered batches that held deleted episodes; drop those left empty, unless claimed once.
+    """Rewrite undelivered batches that held deleted episodes; drop those left empty, unless possibly in flight.
 
     A batch claimed once (its last seq is handed on) may be in flight: it
-    keeps its place, emptied, ahead of the forget that follows it.
+    keeps its place, emptied, ahead of the forget that follows it; one set
+    aside is not in flight. The session's error texts are erased.
     """
     first_deleted = min(deleted)
     through = handed_through(db, session_id)
-    for entry_id, first_seq, last_seq, mode, episodes in db.execute(
-        "SELECT id, first_seq, last_seq, mode, episodes FROM retain_outbox "
+    for entry_id, first_seq, last_seq, mode, episodes, set_aside_at in db.execute(
+        "SELECT id, first_seq, last_seq, mode, episodes, set_aside_at FROM retain_outbox "
         "WHERE session_id = ? AND last_seq >= ? AND mode <> 'forget'",
         (session_id, first_deleted),
     ).fetchall():
@@ -275,10 +299,11 @@ def revise_after_delete(db: Db, session_id: str, deleted: Sequence[int]) -> None
         if held.isdisjoint(deleted):
             continue
         rows = _live_episodes(db, session_id, first_seq - 1 if mode == "append" else 0, last_seq)
-        if rows or last_seq <= through:
+        if rows or (last_seq <= through and set_aside_at is None):
             db.execute("UPDATE retain_outbox SET episodes = ? WHERE id = ?", (_payload(rows), entry_id))
         else:
             db.execute("DELETE FROM retain_outbox WHERE id = ?", (entry_id,))
+    erase_errors(db, session_id)
 
 
 def pending(db: Db, limit: int, episode_from_row: EpisodeFromRow) -> list[OutboxEntry]:
@@ -289,9 +314,25 @@ def pending(db: Db, limit: int, episode_from_row: EpisodeFromRow) -> list[Outbox
     ]
 
 
-# Conditions on outbox rows ``o``. Only the oldest batch of a session may be sent (see claim): a batch
-# set aside (set_aside.py) stays the oldest, so its session's later batches wait behind it.
-_OLDEST_OF_SESSION = "o.id IN (SELECT min(id) FROM retain_outbox GROUP BY session_id) AND o.set_aside_at IS NULL"
+# Conditions on outbox rows ``o``. Only the head of a session may be sent (see claim): its oldest row,
+# unless that is set aside (set_aside.py), when its oldest forget goes ahead (a set-aside batch is not in
+# flight, and a delete or clear emptied it of what the forget names); its later batches wait behind it.
+# One list of ids, so that it drives the reads (rows by id), as the oldest rows alone did: the outbox's
+# rows are not scanned, nor their payloads read.
+_OLDEST = "SELECT min(id) FROM retain_outbox GROUP BY session_id"
+_HEAD_OF_SESSION = (
+    "o.id IN (SELECT CASE WHEN s.set_aside_at IS NULL THEN s.id ELSE (SELECT min(f.id) FROM retain_outbox AS f "
+    f"WHERE f.session_id = s.session_id AND f.mode = 'forget') END FROM retain_outbox AS s WHERE s.id IN ({_OLDEST})) "
+    "AND o.set_aside_at IS NULL"
+)
+#: The same, for the row ``retain_outbox`` an UPDATE claims: index seeks in its session only.
+_OLDEST_OF_ITS_SESSION = "(SELECT min(h.id) FROM retain_outbox AS h WHERE h.session_id = retain_outbox.session_id)"
+_CLAIMED_IS_HEAD = (
+    f"set_aside_at IS NULL AND (id = {_OLDEST_OF_ITS_SESSION} OR (mode = 'forget' "
+    f"AND (SELECT a.set_aside_at FROM retain_outbox AS a WHERE a.id = {_OLDEST_OF_ITS_SESSION}) IS NOT NULL "
+    "AND id = (SELECT min(f.id) FROM retain_outbox AS f "
+    "WHERE f.session_id = retain_outbox.session_id AND f.mode = 'forget')))"
+)
 #: No other process holds a live claim on it (``?``: this process, then the database's clock read once).
 _NOT_HELD_ELSEWHERE = "(o.claimed_by IS NULL OR o.claimed_by = ? OR o.claim_until <= ?)"
 #: Its retry time has come (``?``: the database's clock read once).
@@ -301,11 +342,11 @@ _OTHER_CLAIM_UNTIL = "CASE WHEN o.claimed_by <> ? THEN o.claim_until ELSE 0 END"
 
 
 def due(db: Db, owner: str, limit: int, ignore_backoff: bool) -> DueRetains:
-    """The oldest batch of each session ``owner`` may send now, oldest first, and when the next falls due.
+    """The head batch of each session ``owner`` may send now, oldest first, and when the next falls due.
 
-    Reads only. A batch is due when it is the oldest of its session, no other
+    Reads only. A batch is due when it is the head of its session, no other
     live process holds its claim, and (unless ``ignore_backoff``) its retry
-    time has come. ``next_due_in`` is the time until the earliest such oldest
+    time has come. ``next_due_in`` is the time until the earliest such head
     batch that is not due now becomes due.
 
     Both are judged at one reading of the database's clock: read twice, a retry
@@ -320,12 +361,12 @@ def due(db: Db, owner: str, limit: int, ignore_backoff: bool) -> DueRetains:
         DueBatch(entry_id, session_id, key)
         for entry_id, session_id, key in db.execute(
             "SELECT o.id, o.session_id, o.key FROM retain_outbox AS o "
-            "WHERE " + _OLDEST_OF_SESSION + " AND " + ready + " ORDER BY o.id LIMIT ?",
+            "WHERE " + _HEAD_OF_SESSION + " AND " + ready + " ORDER BY o.id LIMIT ?",
             (*ready_params, limit),
         ).fetchall()
     )
     due_at = _OTHER_CLAIM_UNTIL if ignore_backoff else "{greatest}(coalesce(o.retry_at, 0), " + _OTHER_CLAIM_UNTIL + ")"
-    later = "SELECT min(" + due_at + ") - ? FROM retain_outbox AS o WHERE " + _OLDEST_OF_SESSION
+    later = "SELECT min(" + due_at + ") - ? FROM retain_outbox AS o WHERE " + _HEAD_OF_SESSION
     (next_due_in,) = db.execute(later + " AND " + due_at + " > ?", (owner, now, owner, now)).fetchone()
     return DueRetains(batches, None if next_due_in is None else float(next_due_in))
 
@@ -340,9 +381,10 @@ def claim(
 ) -> OutboxEntry | Unclaimable:
     """Claim the batch for ``ttl`` seconds and return it as it stands now (a clear or delete may have revised it).
 
-    Only the oldest batch of its session can be claimed, and only if no other
-    live process holds it and it is not set aside; claiming it again extends our own claim. A claimed
-    batch's episodes count as handed on from now (``handed_through``).
+    Only the head of its session can be claimed (its oldest row, or its oldest
+    forget when that is set aside), and only if no other live process holds
+    it; claiming it again extends our own claim. A claimed batch's episodes
+    count as handed on from now (``handed_through``).
     """
     # The session's row first, as a delete or clear locks it: then the outbox row.
     db.execute(
@@ -352,9 +394,9 @@ def claim(
     )
     row = db.execute(
         "UPDATE retain_outbox SET claimed_by = ?, claim_until = {now} + ? "
-        "WHERE id = ? AND key = ? AND set_aside_at IS NULL "
+        "WHERE id = ? AND key = ? "
         "  AND (claimed_by IS NULL OR claimed_by = ? OR claim_until <= {now}) "
-        "  AND id = (SELECT min(o.id) FROM retain_outbox AS o WHERE o.session_id = retain_outbox.session_id) "
+        f"  AND {_CLAIMED_IS_HEAD} "
         f"RETURNING {_OUTBOX_COLUMNS}",
         (owner, ttl, entry_id, key, owner),
     ).fetchone()
@@ -386,9 +428,22 @@ def _entry(row: tuple, episode_from_row: EpisodeFromRow) -> OutboxEntry:
 
 
 def handed_on(db: Db, session_id: str, episode_from_row: EpisodeFromRow) -> tuple[int, tuple[Episode, ...]]:
-    """How far the session has been handed on, and its live episodes up to there (what a sink holds of it)."""
+    """How far the session has been handed on, and its live episodes up to there (what a sink holds of it).
+
+    Less the episodes of set-aside append batches: the sink refused them, and gets them only on a retry.
+    """
     through = handed_through(db, session_id)
-    return through, tuple(episode_from_row(row) for row in _live_episodes(db, session_id, 0, through))
+    refused = {
+        episode["seq"]
+        for (episodes,) in db.execute(
+            "SELECT episodes FROM retain_outbox WHERE session_id = ? AND set_aside_at IS NOT NULL AND mode = 'append'",
+            (session_id,),
+        ).fetchall()
+        for episode in json.loads(episodes)
+    }
+    return through, tuple(
+        episode_from_row(row) for row in _live_episodes(db, session_id, 0, through) if row[0] not in refused
+    )
 
 
 # Rows are addressed by id *and* key: an id freed by a clear can be reused by a

@@ -25,6 +25,7 @@ from ..attachments import for_summarizer
 from ..config import SessionConfig
 from ..episode import Episode
 from ..errors import LeaseLostError, SummaryError, UncertainCommitError
+from ..privacy.error_text import error_label, log_content
 from ..retrying import with_retries
 from ..session.messages import SummaryFailed, SummaryStored
 from ..store.base import Store
@@ -141,10 +142,10 @@ class SummarizerActor:
                 self._session_id,
                 batch.through_seq,
                 attempts,
-                _one_line(exc),
+                error_label(exc),  # its text may quote the episodes: privacy/error_text.py
                 self._config.summarize_retry_later,
             )
-            log.debug("session %r: the last summarizer failure", self._session_id, exc_info=exc)
+            log_content("session %r: the last summarizer failure", self._session_id, error=exc)
             return SummaryFailed(batch.generation, batch.through_seq, exc, attempts)
         return SummaryStored(batch.generation, batch.through_seq, summary, stored)
 
@@ -174,10 +175,10 @@ class SummarizerActor:
             "session %r: summarizer attempt %d failed (%s); retrying in %.2fs",
             self._session_id,
             attempt,
-            _one_line(error),
+            error_label(error),
             seconds,
         )
-        log.debug("session %r: summarizer attempt %d failed", self._session_id, attempt, exc_info=error)
+        log_content("session %r: summarizer attempt %d failed", self._session_id, attempt, error=error)
 
 
 def storable(summary: str) -> str:
@@ -194,7 +195,3 @@ def storable(summary: str) -> str:
     except UnicodeEncodeError:
         summary = "".join("\ufffd" if 0xD800 <= ord(char) <= 0xDFFF else char for char in summary)
     return summary
-
-
-def _one_line(error: BaseException | None) -> str:
-    return " ".join(repr(error).split())
