@@ -54,7 +54,7 @@ files and works offline with the same line)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import anyio.to_thread
 
@@ -63,6 +63,10 @@ Tokenizer = Callable[[str], int]
 #: Contents at least this long are counted in a worker thread, not on the event loop (a slow tokenizer
 #: takes milliseconds for this much; the offline estimate about 0.15 ms).
 OFF_LOOP_CHARS = 16_384
+#: A batch of contents this many, or this long together, is counted whole in a worker thread: 100,000 short
+#: episodes counted one by one on the loop held it for about a second, and every lease renewal waited.
+OFF_LOOP_TEXTS = 1_000
+OFF_LOOP_BATCH_CHARS = 16 * OFF_LOOP_CHARS
 
 # One bit per class of UTF-8 byte. A byte of a non-ASCII character counts as a letter (its
 # continuation bytes do, so each CJK character starts a "word" of its own, about one token);
@@ -159,13 +163,31 @@ def estimate_tokens(text: str) -> int:
     return max(1, round(total))
 
 
-async def count_large(count: Tokenizer, texts: Iterable[str]) -> dict[str, int]:
-    """The counts of the texts of at least :data:`OFF_LOOP_CHARS` characters, made in a worker thread.
+def large_batch(texts: Sequence[str]) -> bool:
+    """Whether counting ``texts`` could hold the event loop: one is long, or there are many of them."""
+    if len(texts) >= OFF_LOOP_TEXTS:
+        return True
+    total = 0
+    for text in texts:
+        total += len(text)
+        if len(text) >= OFF_LOOP_CHARS or total >= OFF_LOOP_BATCH_CHARS:
+            return True
+    return False
 
-    Empty when there are none (and then nothing was awaited). If cancelled, the
-    thread's work is abandoned and nothing is returned.
+
+async def count_large(count: Tokenizer, texts: Iterable[str]) -> dict[str, int]:
+    """The counts of the texts that would hold the event loop, made in a worker thread.
+
+    Those of at least :data:`OFF_LOOP_CHARS` characters; every one of them if
+    there are many, or long together (:func:`large_batch`). Empty when there
+    are none (and then nothing was awaited). If cancelled, the thread's work is
+    abandoned and nothing is returned.
     """
-    large = {text for text in texts if len(text) >= OFF_LOOP_CHARS}
+    texts = list(texts)
+    if len(texts) >= OFF_LOOP_TEXTS or sum(map(len, texts)) >= OFF_LOOP_BATCH_CHARS:
+        large = set(texts)
+    else:
+        large = {text for text in texts if len(text) >= OFF_LOOP_CHARS}
     if not large:
         return {}
     return await anyio.to_thread.run_sync(lambda: {text: count(text) for text in large}, abandon_on_cancel=True)
