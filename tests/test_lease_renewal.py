@@ -18,9 +18,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
+
+from memengine import Episode, SessionConfig, open_engine
 
 from .lease_renewal_worker import LARGE
 
@@ -39,3 +44,37 @@ def test_a_large_add_costs_no_other_session_its_lease(store_url: str, backend: s
     assert done.returncode == 0, done.stderr[-3000:]
     # The first context() after the import holds all of it; the other session's adds all went on.
     assert done.stdout.split() == ["ok", str(LARGE), "True"], done.stdout + done.stderr[-3000:]
+
+
+class SlowLoad:
+    """Wraps the store's connection: the next load of a session's episodes sleeps ``pause`` seconds first."""
+
+    def __init__(self, conn: Any, pause: float) -> None:
+        self._conn = conn
+        self.pause = pause
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        if self.pause and "FROM episodes WHERE session_id = " in sql and sql.rstrip().endswith("ORDER BY seq"):
+            pause, self.pause = self.pause, 0.0
+            time.sleep(pause)
+        return self._conn.execute(sql, parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+@pytest.mark.anyio
+async def test_a_session_whose_load_outlasts_its_lease_keeps_the_lease(store_url: str) -> None:
+    # Loading a large session (100,000 episodes) can take longer than the lease, which was taken at the
+    # start of that transaction: it had expired by the time the session was active, never renewed.
+    # The load is slowed here to two lease periods (a sleep: at least that long on any machine).
+    config = SessionConfig(evict_to=1.0, lease_ttl=0.9, lease_wait=2.0, passivate_after=None)
+    async with open_engine(store_url, config=config) as engine:
+        await engine.session("other").add([Episode("user", "first")])
+        engine.store._conn = SlowLoad(engine.store._conn, pause=2 * config.lease_ttl)  # type: ignore[attr-defined]
+        with anyio.fail_after(60):
+            session = engine.session("slow to load")
+            (stored,) = await session.add([Episode("user", "after a slow load")])
+            context = await session.context()
+    assert stored.seq == 1
+    assert [e.content for e in context.episodes] == ["after a slow load"]

@@ -141,6 +141,13 @@ def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float) -> 
     return renewed
 
 
+def extend(db: Db, session_id: str, token: int, ttl: float) -> None:
+    """Set the lease this transaction took (its row locked until commit) to last ``ttl`` from now."""
+    db.execute(
+        "UPDATE session_leases SET expires_at = {now} + ? WHERE session_id = ? AND token = ?", (ttl, session_id, token)
+    )
+
+
 def release(db: Db, session_id: str, token: int) -> None:
     db.execute(
         "UPDATE session_leases SET owner = NULL, expires_at = 0 WHERE session_id = ? AND token = ?",
