@@ -19,6 +19,7 @@ import time
 import anyio
 
 from memengine import Episode, LeaseLostError, SessionConfig, open_engine
+from memengine.store import committer
 
 LARGE = 3_000
 
@@ -29,6 +30,8 @@ def slow_tokenizer(text: str) -> int:
 
 
 async def main(store: str) -> None:
+    # Short transactions: what is tested is the event loop, not how long one transaction of the add may take.
+    committer.TRANSACTION_ROWS = 100
     config = SessionConfig(
         evict_to=1.0,
         lease_ttl=0.9,
