@@ -27,6 +27,7 @@ import pytest
 
 from memengine import Episode, SessionConfig, open_engine
 
+from .conftest import StoreRows, postgres_schema, postgres_unreachable
 from .lease_renewal_worker import LARGE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,3 +79,38 @@ async def test_a_session_whose_load_outlasts_its_lease_keeps_the_lease(store_url
             context = await session.context()
     assert stored.seq == 1
     assert [e.content for e in context.episodes] == ["after a slow load"]
+
+
+@pytest.mark.anyio
+async def test_a_lease_row_held_locked_by_a_write_delays_no_other_renewal() -> None:
+    # PostgreSQL renews every lease of the engine in one statement on a connection of its own, locking the rows
+    # in id order. A part of a large add holds its session's lease row (FOR SHARE, checking the lease) until it
+    # commits: the renewal waited for it, and every other lease of the engine expired meanwhile. Here the row is
+    # held by a transaction the test keeps open; the other session's lease must be renewed all the same.
+    psycopg = pytest.importorskip("psycopg")
+    if postgres_unreachable():
+        pytest.skip(postgres_unreachable())
+    with postgres_schema() as url:
+        rows = StoreRows(url)
+        async with open_engine(url, config=SessionConfig(lease_ttl=30.0, passivate_after=None)) as engine:
+            await engine.session("a-importing").add([Episode("user", "a")])
+            await engine.session("b-other").add([Episode("user", "b")])
+            held = rows.query("SELECT session_id, token FROM session_leases ORDER BY session_id")
+            before = dict(rows.query("SELECT session_id, expires_at FROM session_leases"))
+            with psycopg.connect(url) as locker:
+                locker.execute("SELECT 1 FROM session_leases WHERE session_id = 'a-importing' FOR SHARE")
+                async with anyio.create_task_group() as tasks:
+                    renewed: set[str] = set()
+
+                    async def renew() -> None:
+                        renewed.update(await engine.store.renew_leases([tuple(lease) for lease in held], 30.0))
+
+                    tasks.start_soon(renew)
+                    with anyio.fail_after(30):  # a deadline, not a pace
+                        while (
+                            dict(rows.query("SELECT session_id, expires_at FROM session_leases"))["b-other"]
+                            == before["b-other"]
+                        ):
+                            await anyio.sleep(0.02)  # noqa: ASYNC110 (a row in another connection)
+                    locker.rollback()  # the write ends: the locked lease is renewed too
+            assert renewed == {"a-importing", "b-other"}
