@@ -107,10 +107,11 @@ async def test_a_lease_row_held_locked_by_a_write_delays_no_other_renewal() -> N
 
                     tasks.start_soon(renew)
                     with anyio.fail_after(30):  # a deadline, not a pace
-                        while (
-                            dict(rows.query("SELECT session_id, expires_at FROM session_leases"))["b-other"]
-                            == before["b-other"]
-                        ):
-                            await anyio.sleep(0.02)  # noqa: ASYNC110 (a row in another connection)
+                        while b_expiry(rows) == before["b-other"]:  # noqa: ASYNC110 (a row, not an event)
+                            await anyio.sleep(0.02)
                     locker.rollback()  # the write ends: the locked lease is renewed too
             assert renewed == {"a-importing", "b-other"}
+
+
+def b_expiry(rows: StoreRows) -> float:
+    return dict(rows.query("SELECT session_id, expires_at FROM session_leases"))["b-other"]
