@@ -54,8 +54,10 @@ files and works offline with the same line)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 
+import anyio.lowlevel
 import anyio.to_thread
 
 Tokenizer = Callable[[str], int]
@@ -63,6 +65,13 @@ Tokenizer = Callable[[str], int]
 #: Contents at least this long are counted in a worker thread, not on the event loop (a slow tokenizer
 #: takes milliseconds for this much; the offline estimate about 0.15 ms).
 OFF_LOOP_CHARS = 16_384
+#: A batch of contents this many, or this long together, is counted before it reaches the session, in slices
+#: (count_large): 100,000 short episodes counted in one go on the loop held it for about a second, and every
+#: lease renewal waited.
+OFF_LOOP_TEXTS = 1_000
+OFF_LOOP_BATCH_CHARS = 16 * OFF_LOOP_CHARS
+#: How long counting a large batch holds the event loop at most between two checkpoints (about).
+_SLICE_SECONDS = 0.005
 
 # One bit per class of UTF-8 byte. A byte of a non-ASCII character counts as a letter (its
 # continuation bytes do, so each CJK character starts a "word" of its own, about one token);
@@ -159,16 +168,45 @@ def estimate_tokens(text: str) -> int:
     return max(1, round(total))
 
 
-async def count_large(count: Tokenizer, texts: Iterable[str]) -> dict[str, int]:
-    """The counts of the texts of at least :data:`OFF_LOOP_CHARS` characters, made in a worker thread.
+def large_batch(texts: Sequence[str]) -> bool:
+    """Whether counting ``texts`` could hold the event loop: one is long, or there are many of them."""
+    if len(texts) >= OFF_LOOP_TEXTS:
+        return True
+    total = 0
+    for text in texts:
+        total += len(text)
+        if len(text) >= OFF_LOOP_CHARS or total >= OFF_LOOP_BATCH_CHARS:
+            return True
+    return False
 
-    Empty when there are none (and then nothing was awaited). If cancelled, the
-    thread's work is abandoned and nothing is returned.
+
+async def count_large(count: Tokenizer, texts: Iterable[str]) -> dict[str, int]:
+    """The counts of the texts that would hold the event loop if counted there in one go.
+
+    Those of at least :data:`OFF_LOOP_CHARS` characters are counted in a worker
+    thread. If there are many texts, or long together (:func:`large_batch`),
+    the others are counted here, a few milliseconds at a time between
+    checkpoints: a worker thread busy for seconds would take the interpreter
+    lock from every thread waiting on I/O (the store's, the loop's) for its
+    switch interval at each of their statements, and the activation of a
+    session took seconds, longer than its lease. Empty when there are none
+    (and then nothing was awaited). If cancelled, nothing is returned.
     """
+    texts = list(texts)
+    counts: dict[str, int] = {}
     large = {text for text in texts if len(text) >= OFF_LOOP_CHARS}
-    if not large:
-        return {}
-    return await anyio.to_thread.run_sync(lambda: {text: count(text) for text in large}, abandon_on_cancel=True)
+    if large:
+        counts = await anyio.to_thread.run_sync(lambda: {text: count(text) for text in large}, abandon_on_cancel=True)
+    if len(texts) < OFF_LOOP_TEXTS and sum(map(len, texts)) < OFF_LOOP_BATCH_CHARS:
+        return counts
+    slice_ends = time.perf_counter() + _SLICE_SECONDS
+    for text in texts:
+        if text not in counts:
+            counts[text] = count(text)
+            if time.perf_counter() >= slice_ends:
+                await anyio.lowlevel.checkpoint()  # the loop's other tasks (lease renewals) run in between
+                slice_ends = time.perf_counter() + _SLICE_SECONDS
+    return counts
 
 
 def checked(tokenizer: Tokenizer) -> Tokenizer:

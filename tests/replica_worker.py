@@ -32,6 +32,11 @@ Fault knobs (environment):
   process stops itself with SIGSTOP, holding the transaction and the row lock
   until the test sends SIGCONT (or kills it); with ``"at": "renewal"``, the
   next lease renewal that extends the session's lease does the same;
+- ``MEMENGINE_TEST_OPEN_FROM``: the directory to open the store from (the
+  store may be a relative path), ``MEMENGINE_TEST_CHDIR_AFTER_OPEN``: the
+  directory to move to once it is open (path aliases, issue #26);
+- ``MEMENGINE_TEST_FORK_CHILD=1``: in ``hammer`` mode, once it holds leases,
+  fork a child that lives on, idle (its pid printed: ``forked``);
 - in ``hammer`` mode, ``MEMENGINE_TEST_HAMMER_SESSIONS`` (default 50) shared
   sessions; any engine error of a call is printed (``refused``, or ``doubt``
   with the episode id when the add may or may not be stored) instead of
@@ -275,8 +280,9 @@ async def hammer(engine: Any, name: str, seconds: float) -> None:
                         at=time.time(),
                     )
                 else:
+                    started_at = time.time()  # every add acknowledged before now must be in the read
                     context = await handle.context()
-                    emit(op="read", **context_record(session_id, context))
+                    emit(op="read", started_at=started_at, **context_record(session_id, context))
             except (SessionBusyError, LeaseLostError) as exc:
                 emit(op="refused", session=session_id, error=type(exc).__name__, message=str(exc))
             except MemEngineError as exc:
@@ -432,15 +438,39 @@ async def one_call(engine: Any, command: dict[str, Any]) -> None:
         )
 
 
+def fork_a_child_that_lives_on(lifetime: float) -> None:
+    """Fork a child that does nothing for ``lifetime`` seconds (it holds copies of every descriptor).
+
+    Its pid is printed (``forked``) so the test can end it. The child lets go of
+    stdout and stderr at once, so the test still reads the end of its parent's output.
+    """
+    pid = os.fork()
+    if pid == 0:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        time.sleep(lifetime)
+        os._exit(0)
+    emit(op="forked", pid=pid, at=time.time())
+
+
 async def main(store: str, name: str, mode: str, seconds: float) -> None:
     sink: Any = PrintingSink() if os.environ.get("MEMENGINE_TEST_RETAIN") == "1" else None
     if os.environ.get("MEMENGINE_TEST_SINK_TABLE") == "1":
         sink = SharedTableSink(store)
+    if os.environ.get("MEMENGINE_TEST_OPEN_FROM"):
+        os.chdir(os.environ["MEMENGINE_TEST_OPEN_FROM"])  # the store's path may be relative to it
     async with open_engine(store, summarizer=TaggedFold(name), config=CONFIG, owner=name, retain_sink=sink) as engine:
+        if os.environ.get("MEMENGINE_TEST_CHDIR_AFTER_OPEN"):
+            os.chdir(os.environ["MEMENGINE_TEST_CHDIR_AFTER_OPEN"])  # a relative path now names another file
         log_leases(engine.store)
         emit(op="ready", name=name)
         if mode == "hammer":
-            await hammer(engine, name, seconds)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(hammer, engine, name, seconds)
+                if os.environ.get("MEMENGINE_TEST_FORK_CHILD") == "1":
+                    await anyio.sleep(min(1.0, seconds / 4))  # once it holds leases
+                    fork_a_child_that_lives_on(seconds + 600)
         elif mode == "erase":
             await erase_hammer(engine, name, seconds)
         else:

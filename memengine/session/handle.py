@@ -19,7 +19,7 @@ from ..episode import Episode, encode_metadata, stored_episode
 from ..errors import EngineClosedError, SessionClosedError
 from ..limits import require_seq
 from ..telemetry import NO_OPERATION, Telemetry
-from ..tokens import OFF_LOOP_CHARS, count_large
+from ..tokens import count_large, large_batch
 from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
 from .window import tokenizer_of
 
@@ -115,9 +115,8 @@ class Session:
         batch = _checked_batch(_episodes_argument(episodes), self._engine.config, snapshot)
         if not batch:
             return self._nothing_to_do(())
-        for episode in batch:
-            if len(episode.content) >= OFF_LOOP_CHARS:
-                return self._add_large(batch)
+        if large_batch([episode.content for episode in batch]):  # (liveness2: many or long contents)
+            return self._add_large(batch)
         return self._request(AddEpisodes, batch)
 
     async def _add_large(self, batch: tuple[Episode, ...]) -> tuple[Episode, ...]:

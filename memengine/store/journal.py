@@ -322,4 +322,8 @@ def activate(db: Db, session_id: str, owner: str, ttl: float) -> tuple[int, Sess
         return token
     # The former owner may have stopped in the middle of a large add: nothing of it was acknowledged.
     unfinished.undo_all(db, session_id)
-    return token, load(db, session_id)
+    snapshot = load(db, session_id)
+    # Counted again from now: loading a large session can take longer than the lease (its row is locked
+    # by this transaction since it was taken, so nobody else took it meanwhile).
+    leases.extend(db, session_id, token, ttl)
+    return token, snapshot

@@ -117,12 +117,15 @@ def all_held(db: Db, leases: Sequence[tuple[str, int]]) -> bool:
     return True
 
 
-def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float) -> set[str]:
+def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float, *, skip_locked: bool = False) -> set[str]:
     """Extend the given leases still held, unexpired, under their token; return the sessions renewed.
 
     An expired lease is not revived, even if nobody took it yet: other
-    processes may already treat its session as orphaned.
+    processes may already treat its session as orphaned. With ``skip_locked``
+    (PostgreSQL), a lease row another transaction holds locked is passed over
+    instead of waited for.
     """
+    lock = "{skip_locked}" if skip_locked else "{for_update}"
     held = list(dict.fromkeys(leases))
     renewed: set[str] = set()
     for start in range(0, len(held), _PER_STATEMENT):  # stay far below the drivers' parameter limits
@@ -133,12 +136,19 @@ def renew(db: Db, owner: str, leases: Iterable[tuple[str, int]], ttl: float) -> 
         rows = db.execute(
             "UPDATE session_leases SET expires_at = {now} + ? WHERE session_id IN ("
             f"  SELECT session_id FROM session_leases WHERE owner = ? AND expires_at > {{now}} "
-            f"  AND (session_id, token) IN (VALUES {values}) ORDER BY session_id{{for_update}}) "
+            f"  AND (session_id, token) IN (VALUES {values}) ORDER BY session_id{lock}) "
             "RETURNING session_id",
             [ttl, owner, *(part for lease in chunk for part in lease)],
         ).fetchall()
         renewed.update(row[0] for row in rows)
     return renewed
+
+
+def extend(db: Db, session_id: str, token: int, ttl: float) -> None:
+    """Set the lease this transaction took (its row locked until commit) to last ``ttl`` from now."""
+    db.execute(
+        "UPDATE session_leases SET expires_at = {now} + ? WHERE session_id = ? AND token = ?", (ttl, session_id, token)
+    )
 
 
 def release(db: Db, session_id: str, token: int) -> None:

@@ -76,8 +76,15 @@ class RenewalConnection:
             raise EngineClosedError("the store is closed")
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = self._connect()
+        # First every lease whose row is free, committed at once; then those whose rows a transaction of
+        # this process's writes holds (a part of a large add): one such wait let every other lease lapse.
         with self._conn.transaction():
-            return leases.renew(Db(self._conn, self._dialect), owner, held, ttl)
+            renewed = leases.renew(Db(self._conn, self._dialect), owner, held, ttl, skip_locked=True)
+        rest = [lease for lease in held if lease[0] not in renewed]
+        if rest:
+            with self._conn.transaction():
+                renewed |= leases.renew(Db(self._conn, self._dialect), owner, rest, ttl)
+        return renewed
 
     def _worth_again(self, exc: BaseException) -> bool:
         """Dropped while idle, or deadlocked with a writer (the server broke it): a new try, at once."""
