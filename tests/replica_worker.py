@@ -180,8 +180,8 @@ class FreezeTrap:
                 self.spring("write", [session_id for session_id, _ in held])
             return result
 
-        def trapped_renew(db: Any, owner: str, leases: Any, ttl: float) -> set[str]:
-            renewed = renew(db, owner, leases, ttl)
+        def trapped_renew(db: Any, owner: str, leases: Any, ttl: float, **options: Any) -> set[str]:
+            renewed = renew(db, owner, leases, ttl, **options)
             self.spring("renewal", sorted(renewed))
             return renewed
 
