@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -91,6 +92,7 @@ class Worker:
         """Let the process end on its own (after ``exit`` or its hammer time); return everything it printed."""
         out, err = communicate(self.process, timeout)  # what readline() buffered too
         self.records.extend(json.loads(line) for line in out.splitlines())
+        self.logged = err
         assert self.process.returncode == 0, f"{self.name} failed ({self.process.returncode}): {err[-3000:]}"
         assert self.records[-1]["op"] == "exited", err[-3000:]
         return self.records
@@ -207,7 +209,10 @@ def lease_overlaps(records_by_process: dict[str, list[dict[str, Any]]]) -> list[
 
 
 def retain_problems(
-    retained: list[dict[str, Any]], stored: dict[str, list[tuple[int, str, str]]], dedupe: bool
+    retained: list[dict[str, Any]],
+    stored: dict[str, list[tuple[int, str, str]]],
+    dedupe: bool,
+    not_counted: frozenset[str] = frozenset(),
 ) -> tuple[list[str], int]:
     """What is wrong with the batches a retain sink was handed (``retained`` records), and how many came again.
 
@@ -233,7 +238,7 @@ def retain_problems(
             r["last_seq"],
             r["episodes"],
         )
-        if not same or not dedupe:
+        if not same or not (dedupe or r["key"] in not_counted):
             problems.append(f"batch {r['key']} delivered again: {earlier} / {r}")
     delivered: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in first_by_key.values():  # in order of first delivery
@@ -323,10 +328,16 @@ def test_two_processes_hammering_the_same_sessions_agree_on_one_truth(store_url:
     assert lease_overlaps(records) == []
     if not retain:
         return
-    # Exactly-once retain: no fault here, so not even a redelivery the sink would have to drop.
+    # Exactly-once retain: no fault here, so no redelivery the sink would have to drop, but for one rule:
     retained = [r for r in [*everything, *drained] if r["op"] == "retained"]
     assert left == 0, f"{left} batches still in the retain outbox"
-    problems, _ = retain_problems(retained, stored, dedupe=False)
+    # A sink call that returned after its process's claim or proof of life could have lapsed is not
+    # counted, and its batch goes out again with the same key (retain/delivery.py, the README): on a
+    # loaded machine a heartbeat can come late enough. Only a batch its replica said so of may come again.
+    not_counted = frozenset(
+        key for worker in workers for key in re.findall(r"returned batch '([^']+)' after this process", worker.logged)
+    )
+    problems, _ = retain_problems(retained, stored, dedupe=False, not_counted=not_counted)
     assert problems == [], "\n".join(problems[:20])
 
 
