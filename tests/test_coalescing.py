@@ -25,7 +25,7 @@ def contents(seqs) -> list[str]:
 async def test_evictions_during_a_call_all_go_into_the_next_single_call(db_path) -> None:
     summarizer = GatedSummarizer()
     config = SessionConfig(evict_to=1.0, max_episodes=2, passivate_after=None)
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
             session = engine.session("s")
             await add_each(session, turns(3))  # 1 leaves the window
@@ -45,7 +45,7 @@ async def test_evictions_during_a_call_all_go_into_the_next_single_call(db_path)
 async def test_no_call_takes_more_than_summarize_batch_max_episodes(db_path) -> None:
     summarizer = GatedSummarizer()
     config = SessionConfig(evict_to=1.0, max_episodes=2, summarize_batch_max=3, passivate_after=None)
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
             session = engine.session("s")
             await add_each(session, turns(3))

@@ -24,7 +24,7 @@ async def test_exit_with_a_blocked_summarizer_and_waiters_is_bounded(db_path, st
         except EngineClosedError as exc:
             errors.append(exc)
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         async with anyio.create_task_group() as outside:
             async with open_engine(
                 db_path, summarizer=summarizer, config=SessionConfig(evict_to=1.0, max_episodes=2)
@@ -130,7 +130,7 @@ async def test_an_engine_task_that_fails_stops_the_engine_with_one_engine_failed
         raise EngineBug("a bug in the engine")
 
     monkeypatch.setattr(Engine, "_sweep_idle_sessions", broken_sweep)
-    with anyio.fail_after(10), pytest.raises(EngineFailedError) as failed:
+    with anyio.fail_after(60), pytest.raises(EngineFailedError) as failed:
         async with open_engine(db_path) as engine:
             await engine.session("s").add([Episode("user", "kept")])
             await anyio.sleep_forever()  # the engine's failure cancels the block
@@ -170,6 +170,6 @@ async def test_an_add_is_answered_even_if_its_follow_ups_meet_a_closing_store(db
 
     async with open_engine(db_path, retain_sink=RecordingSink(), config=SessionConfig(retain_every=1)) as engine:
         monkeypatch.setattr(engine.store, "submit_retain", closing)
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             (stored,) = await engine.session("s").add([Episode("user", "answered")])
         assert stored.seq == 1

@@ -95,7 +95,7 @@ async def test_wait_for_summary_with_nothing_evicted_answers_at_once(db_path) ->
     async with open_engine(db_path, summarizer=summarizer, config=SMALL_WINDOW) as engine:
         session = engine.session("s")
         await add_each(session, turns(3))
-        with anyio.fail_after(5):
+        with anyio.fail_after(60):
             context = await session.context(wait_for_summary=True)
         assert [e.seq for e in context.episodes] == [1, 2, 3]
         assert summarizer.calls == []
@@ -140,12 +140,12 @@ async def test_a_summary_answered_in_the_moment_its_activation_stops_breaks_noth
             store.store_summary = store_summary
             session = engine.session(session_id)
             await session.add(turns(6))  # evicts: a summary starts
-            with anyio.fail_after(10):
+            with anyio.fail_after(60):
                 await waiting.wait()
             actor = engine._actors[session_id]
             actor._give_up(LeaseLostError("given up in the test"))  # the actor is due to stop...
             gate.set()  # ...and the child is due to answer, in the same step
-            with anyio.fail_after(10):
+            with anyio.fail_after(60):
                 while engine.is_active(session_id):  # noqa: ASYNC110 - what a user can observe
                     await anyio.sleep(0.01)
             store.store_summary = real_store_summary
