@@ -207,11 +207,7 @@ async def test_an_engine_reaped_while_its_lock_was_lost_does_not_answer_from_mem
             await a.session("s").add([Episode("user", "from a")])
             b.store._liveness.grace = 0.0  # type: ignore[attr-defined]  # b reaps what it finds dead at once
             key = a.store._liveness.lock_key  # type: ignore[attr-defined]
-            while True:  # a takes its lock back within a heartbeat: b must reap it before
-                terminate_liveness_backend(pg_url, key)
-                if (await b.store.reap_dead_owners(["a"])).owners == ("a",):
-                    break
-                await anyio.sleep(0.01)
+            await reaped_after_losing_its_lock(b, pg_url, key, "a")
             await b.session("s").add([Episode("user", "from b")])  # a's session is b's now
             await a.store.keep_alive()  # a takes its lock back (or its heartbeat did)
             assert held_by_server(pg_url, key)
@@ -220,6 +216,15 @@ async def test_an_engine_reaped_while_its_lock_was_lost_does_not_answer_from_mem
             except (LeaseLostError, SessionBusyError):
                 return  # refused: b has it
             assert [episode.content for episode in context.episodes] == ["from a", "from b"]  # or read afresh
+
+
+async def reaped_after_losing_its_lock(reaper, url: str, lock_key: int, owner: str) -> None:
+    """Drop ``owner``'s liveness connection until ``reaper`` reaps it (it takes its lock back within a heartbeat)."""
+    while True:
+        terminate_liveness_backend(url, lock_key)
+        if (await reaper.store.reap_dead_owners([owner])).owners == (owner,):
+            return
+        await anyio.sleep(0.01)
 
 
 def held_by_server(url: str, lock_key: int) -> bool:
@@ -257,11 +262,7 @@ async def test_a_failed_registration_after_taking_the_lock_back_is_made_again(pg
             b.store._liveness.grace = 0.0  # type: ignore[attr-defined]  # b reaps what it finds dead at once
             key = a.store._liveness.lock_key  # type: ignore[attr-defined]
             refused.append("a")
-            while True:  # a takes its lock back within a heartbeat: b must reap it before
-                terminate_liveness_backend(pg_url, key)
-                if (await b.store.reap_dead_owners(["a"])).owners == ("a",):
-                    break
-                await anyio.sleep(0.01)
+            await reaped_after_losing_its_lock(b, pg_url, key, "a")
             await b.session("s").add([Episode("user", "from b")])  # a's session is b's now
             while not held_by_server(pg_url, key):  # a takes its lock back; registering it fails
                 with contextlib.suppress(StoreError):
