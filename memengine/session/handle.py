@@ -115,11 +115,12 @@ class Session:
         batch = _checked_batch(_episodes_argument(episodes), self._engine.config, snapshot)
         if not batch:
             return self._nothing_to_do(())
-        if large_batch([episode.content for episode in batch]):  # (liveness2: many or long contents)
-            return self._add_large(batch)
+        contents = [episode.content for episode in batch]
+        if large_batch(contents):  # many or long contents
+            return self._add_large(batch, contents)
         return self._request(AddEpisodes, batch)
 
-    async def _add_large(self, batch: tuple[Episode, ...]) -> tuple[Episode, ...]:
+    async def _add_large(self, batch: tuple[Episode, ...], contents: list[str]) -> tuple[Episode, ...]:
         """An add with a large content: its tokens are counted here, in a worker thread, not by the actor.
 
         The session's actor counts each episode as it enters the window, on the
@@ -128,7 +129,7 @@ class Session:
         counting, nothing was sent.
         """
         count = tokenizer_of(self._engine.config, self._id)
-        counted = await count_large(count, [episode.content for episode in batch])
+        counted = await count_large(count, contents)
         result: tuple[Episode, ...] = await self._request(
             lambda episodes, reply: AddEpisodes(episodes, reply, counted), batch
         )
