@@ -151,3 +151,23 @@ def test_only_the_wakeup_talks_to_an_event_loop_directly() -> None:
     assert direct == {"memengine.actor.wakeup": EVENT_LOOPS, "memengine.integrations.openai_agents": {"asyncio"}}, (
         direct
     )
+
+
+def test_nothing_above_the_store_imports_a_backend() -> None:
+    # open_store (and the store's other entry points) choose the backend; the engine, the sessions,
+    # retain, privacy, the command line and the integrations know only the store's interface.
+    backends = ("memengine.store.sqlite", "memengine.store.postgres")
+    above = {
+        module: sorted(t for t in targets if any(t == b or t.startswith(b + ".") for b in backends))
+        for module, targets in import_graph().items()
+        if not (module == "memengine.store" or module.startswith("memengine.store."))
+    }
+    assert {module: targets for module, targets in above.items() if targets} == {}
+
+
+def test_each_backend_has_the_same_module_names_for_the_same_concerns() -> None:
+    store = PACKAGE / "store"
+    sqlite = {path.name for path in (store / "sqlite").glob("*.py")}
+    postgres = {path.name for path in (store / "postgres").glob("*.py")}
+    shared = {"__init__.py", "store.py", "connection.py", "schema.py", "recall.py", "readonly.py"}
+    assert shared <= sqlite and shared <= postgres

@@ -19,8 +19,8 @@ import pytest
 from memengine import Episode, SessionConfig, StoreError, open_engine
 from memengine.cli import main
 from memengine.scope import EVERY_SESSION
-from memengine.store import postgres_schema
 from memengine.store.open import open_store
+from memengine.store.postgres import schema as postgres_schema
 
 from .conftest import POSTGRES_SERVER, postgres_unreachable
 from .conftest import postgres_schema as fresh_schema
@@ -210,7 +210,7 @@ async def test_opening_waits_for_another_process_migration_longer_than_lock_time
 
 
 def test_migrate_takes_a_sqlite_path_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from memengine.store import sqlite_schema
+    from memengine.store.sqlite import schema as sqlite_schema
 
     db = tmp_path / "memory.db"
     assert main(["migrate", str(db)]) == 0
@@ -415,14 +415,14 @@ async def test_reply_timeout_is_taken_from_the_url_and_bounds_every_connection_o
 def test_reply_timeout_defaults_to_the_statement_timeout_in_force_plus_a_margin(
     query: str, seconds: float | None
 ) -> None:
-    from memengine.store.postgres_connection import reply_timeout
+    from memengine.store.postgres.connection import reply_timeout
 
     assert reply_timeout("postgresql://app@db/memory" + query) == seconds
 
 
 @pytest.mark.parametrize("value", ["-1", "soon", "inf", "nan"])
 def test_a_reply_timeout_that_is_no_number_of_seconds_is_refused(value: str) -> None:
-    from memengine.store.postgres_connection import reply_timeout
+    from memengine.store.postgres.connection import reply_timeout
 
     with pytest.raises(StoreError, match="reply_timeout"):
         reply_timeout(f"postgresql://app@db/memory?reply_timeout={value}")
@@ -432,7 +432,7 @@ async def test_sqlite_keeps_the_same_window(tmp_path: Path) -> None:
     import sqlite3
     from contextlib import closing
 
-    from memengine.store import sqlite_schema
+    from memengine.store.sqlite import schema as sqlite_schema
 
     db = tmp_path / "memory.db"
     async with open_engine(db):
@@ -456,7 +456,7 @@ async def test_sqlite_keeps_the_same_window(tmp_path: Path) -> None:
 
 
 def test_settings_the_url_gives_in_any_spelling_are_kept() -> None:
-    from memengine.store.postgres_connection import with_settings
+    from memengine.store.postgres.connection import with_settings
 
     defaults = {"lock_timeout": "5s", "statement_timeout": "60s", "idle_in_transaction_session_timeout": "60s"}
     given = "-c lock_timeout=1s -cstatement_timeout=2s --idle-in-transaction-session-timeout=3s"
@@ -467,7 +467,7 @@ def test_settings_the_url_gives_in_any_spelling_are_kept() -> None:
 def test_pgoptions_is_the_starting_point_without_options_in_the_url(monkeypatch: pytest.MonkeyPatch) -> None:
     from psycopg.conninfo import conninfo_to_dict
 
-    from memengine.store.postgres_connection import connection_arguments
+    from memengine.store.postgres.connection import connection_arguments
 
     monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=2s")
     monkeypatch.setenv("PGCONNECT_TIMEOUT", "4")
@@ -480,7 +480,7 @@ def test_pgoptions_is_the_starting_point_without_options_in_the_url(monkeypatch:
 def test_the_pinned_schema_replaces_the_search_path_and_keeps_the_rest() -> None:
     from psycopg.conninfo import conninfo_to_dict
 
-    from memengine.store.postgres_connection import connection_arguments, pinned
+    from memengine.store.postgres.connection import connection_arguments, pinned
 
     url = pinned("postgresql://app@db/memory?options=-csearch_path%3Dnew%2Cold%20-c%20work_mem%3D64MB", "Old Schema")
     options = conninfo_to_dict(connection_arguments(url)[0])["options"]
@@ -489,7 +489,7 @@ def test_the_pinned_schema_replaces_the_search_path_and_keeps_the_rest() -> None
 
 
 def test_messages_show_urls_without_their_password() -> None:
-    from memengine.store.postgres_connection import shown
+    from memengine.store.postgres.connection import shown
 
     assert shown("postgresql://app:s3cret@db:5432/memory?sslmode=require") == (
         "postgresql://app@db:5432/memory?sslmode=require"

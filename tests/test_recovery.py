@@ -8,7 +8,7 @@ import pytest
 
 from memengine import Episode, SessionConfig, StoreError, open_engine
 from memengine.store.sqlite import open_sqlite_store
-from memengine.store.sqlite_schema import SCHEMA_VERSION
+from memengine.store.sqlite.schema import SCHEMA_VERSION
 
 from .fakes import RecordingSummarizer, add_each, covered, turns
 

@@ -1,4 +1,4 @@
-"""SQLite's WAL is checkpointed beside the commits (store/sqlite_checkpoints.py), so the log stays small.
+"""SQLite's WAL is checkpointed beside the commits (store/sqlite/checkpoints.py), so the log stays small.
 
 The writer connection does not checkpoint; if nothing else did, the log would
 hold every page written since the store opened. Observed from outside: the
@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from memengine import Episode, SessionConfig, open_engine
-from memengine.store.sqlite_checkpoints import CHECKPOINT_DELAY
+from memengine.store.sqlite.checkpoints import CHECKPOINT_DELAY
 
 pytestmark = pytest.mark.anyio
 

@@ -24,6 +24,7 @@ import anyio
 from ..config import SessionConfig
 from ..engine import open_engine
 from ..replay import RecordedEngine, ReplayReport, read_log, recorded_config, replay
+from ..store.migration import connect_postgres
 from ..store.open import is_postgres_url
 from ..store.open_errors import redacted
 from . import exit_status
@@ -150,9 +151,7 @@ def _print_setup(recorded: RecordedEngine | None, default_config: bool) -> None:
 
 def _postgres_tables(url: str) -> set[str]:
     """The tables visible through ``url``'s search_path; read-only, creates nothing."""
-    from ..store.postgres_connection import connect
-
-    with connect(url) as conn:
+    with connect_postgres(url) as conn:
         rows = conn.execute(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY (current_schemas(false))"
@@ -167,10 +166,8 @@ def _remove_new_store(db: str, existing: set[str] | None) -> None:
             Path(db + companion).unlink(missing_ok=True)
         shutil.rmtree(db + "-owners", ignore_errors=True)
         return
-    from ..store.postgres_connection import connect
-
     try:
-        with connect(db) as conn:
+        with connect_postgres(db) as conn:
             (schema,) = conn.execute("SELECT current_schema()").fetchone()
             added = _postgres_tables(db) - existing
             for table in sorted(added):

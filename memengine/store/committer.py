@@ -11,7 +11,7 @@ No transaction holds the store for long: one takes at most
 :data:`TRANSACTION_ROWS` rows (an add of more is stored in parts, see
 unfinished.py), and lease renewals go into the very next transaction, ahead of
 everything queued, so a burst of writes never lets a lease lapse (PostgreSQL
-renews on a connection of its own, see postgres_renewals.py). An operation
+renews on a connection of its own, see postgres/renewals.py). An operation
 that waited too long for a lock (``lock_timeout``) is refused alone; the rest
 of its transaction is committed without it. A connection lost while idle is
 replaced and the transaction begun again (nothing was in flight).
@@ -25,7 +25,7 @@ shielded and stops only when the store closes, after finishing what was
 submitted. Closing is bounded: after ``timeout`` seconds the statement in
 progress is interrupted and what is left fails with :class:`StoreError`.
 
-The backends (sqlite.py, postgres.py) differ only in how they connect, begin a
+The backends (sqlite/store.py, postgres/store.py) differ only in how they connect, begin a
 transaction, interrupt one, insert a run of appends with one statement, and
 search.
 """
@@ -101,7 +101,7 @@ TRANSACTION_CHARS = 8_000_000
 CLOSE_TIMEOUT = 2.0
 #: Seconds, once closing stopped waiting for the work, that the statements it interrupted get to
 #: return and the connections get to close; a thread still waiting then (the server went silent)
-#: is left behind, told to give its connection up (postgres_replies.py), and closes it on return.
+#: is left behind, told to give its connection up (postgres/replies.py), and closes it on return.
 INTERRUPT_SECONDS = 2.0
 
 

@@ -286,7 +286,7 @@ class AdvisoryLiveness:
         """In a forked child: never check, take or give back the parent's lock (its connection is the parent's).
 
         The connection's socket itself is let go of with every memengine
-        connection's (postgres_connection.py): the server ends the lock when
+        connection's (postgres/connection.py): the server ends the lock when
         the parent dies. The connection object is kept: dropped, it would be
         finalized, and say goodbye to the server on the parent's socket.
         """
@@ -375,7 +375,7 @@ class AdvisoryLiveness:
             log.warning("a check of this engine's liveness lock did not return in time; leaving it behind")
             given_up = getattr(
                 self._conn, "give_up", None
-            )  # a PostgreSQL connection ends its wait (postgres_replies.py)
+            )  # a PostgreSQL connection ends its wait (postgres/replies.py)
             if given_up is not None:
                 given_up()
             return

@@ -2,7 +2,7 @@
 
 The operations and the committer are shared with PostgreSQL (committer.py,
 journal.py, outbox.py, leases.py); this module connects, inserts a run of
-appends with one ``executemany``, and searches with FTS5 (sqlite_recall.py).
+appends with one ``executemany``, and searches with FTS5 (recall.py).
 Several processes on one machine may share the file: each write transaction
 takes SQLite's write lock (``BEGIN IMMEDIATE``, waiting up to the busy
 timeout), and session leases keep each session to one process.
@@ -21,17 +21,19 @@ from typing import Any
 
 import anyio
 
-from ..episode import Episode
-from ..errors import StoreError
-from ..scope import Scope
-from . import journal, sqlite_readonly, sqlite_recall
-from .base import AppendResult, Completion, Recalled
-from .committer import GroupCommitStore, Operation, log
-from .dialect import Db, sqlite_dialect
-from .liveness import FileLiveness
-from .open_errors import driver_error, sqlite_open_failed
-from .sqlite_checkpoints import Checkpointer
-from .sqlite_schema import migrate
+from ...episode import Episode
+from ...errors import StoreError
+from ...scope import Scope
+from .. import journal
+from ..base import AppendResult, Completion, Recalled
+from ..committer import GroupCommitStore, Operation, log
+from ..dialect import Db, sqlite_dialect
+from ..liveness import FileLiveness
+from ..open_errors import driver_error, sqlite_open_failed
+from . import readonly, recall
+from .checkpoints import Checkpointer
+from .connection import BUSY_TIMEOUT, connect, is_busy
+from .schema import migrate
 
 #: Episodes stored before recall's index catches up with them, in the commit after.
 #: FTS5 writes a new segment per transaction and merges segments as they pile up, so
@@ -43,8 +45,6 @@ RECALL_INDEX_EVERY = 5000
 RECALL_CATCH_UP_STEP = RECALL_INDEX_EVERY  # rows indexed in one transaction, at most
 
 
-#: Seconds a write waits for another process's write lock before it fails (default of ``busy_timeout``).
-BUSY_TIMEOUT = 10.0
 #: Milliseconds SQLite itself waits for a lock per attempt; between attempts the store checks whether it is closing.
 _BUSY_SLICE_MS = 100
 
@@ -85,7 +85,7 @@ class SQLiteStore(GroupCommitStore):
                 db.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or self._aborted or time.monotonic() >= deadline:
+                if not is_busy(exc) or self._aborted or time.monotonic() >= deadline:
                     raise
 
     def _begin_read(self, db: Db) -> None:
@@ -117,33 +117,33 @@ class SQLiteStore(GroupCommitStore):
         # Indexing rows in batches costs a tenth of indexing each commit's few rows. A larger
         # backlog is worked off a step per commit (and in full by the next recall).
         self._unindexed = max(0, self._unindexed - RECALL_CATCH_UP_STEP)
-        return functools.partial(sqlite_recall.catch_up, limit=RECALL_CATCH_UP_STEP)
+        return functools.partial(recall.catch_up, limit=RECALL_CATCH_UP_STEP)
 
     async def _catch_up_recall_index(self) -> None:
         # One bounded step per transaction, so that writers go in between. The first step
         # says how many rows wait; rows stored after it need not wait for this recall.
-        step = functools.partial(sqlite_recall.catch_up, limit=RECALL_CATCH_UP_STEP)
+        step = functools.partial(recall.catch_up, limit=RECALL_CATCH_UP_STEP)
         waiting = await self._submit(step)
         for _ in range(math.ceil(waiting / RECALL_CATCH_UP_STEP)):
             waiting = await self._submit(step)
         self._unindexed = waiting
 
     def _search(self, db: Db, query: str, scope: Scope, limit: int) -> list[Recalled]:
-        return sqlite_recall.search(db, query, scope, limit, journal.episode_from_row)
+        return recall.search(db, query, scope, limit, journal.episode_from_row)
 
     def _rebuild_recall_index(self, db: Db) -> int:
         # The old index's pages are overwritten as they are freed: the words of erased episodes
         # (Engine.forget), which FTS5 keeps in its segments until it merges them, are gone with them.
         db.execute("PRAGMA secure_delete = ON")
         try:
-            return sqlite_recall.rebuild(db)
+            return recall.rebuild(db)
         finally:
             db.execute("PRAGMA secure_delete = OFF")
 
     async def _rebuild_damaged_recall_index(self) -> None:
         """Rebuild a recall index found damaged at open (by an older memengine, say) before a delete meets it."""
         try:
-            if await self._submit(sqlite_recall.rebuild_if_damaged):
+            if await self._submit(recall.rebuild_if_damaged):
                 log.warning("the recall index was damaged; rebuilt it from the journal")
         except StoreError as exc:
             # Adds and reads do not need the index, and recall will try again.
@@ -154,31 +154,6 @@ class SQLiteStore(GroupCommitStore):
     ) -> None:
         self._unindexed += len(episodes)
         super().submit_append(session_id, token, first_seq, episodes, done)
-
-
-def _is_busy(error: sqlite3.OperationalError) -> bool:
-    message = str(error)
-    return "locked" in message or "busy" in message
-
-
-def _connect(path: str, busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    # First, so that every later statement waits for another process's lock rather than failing.
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-    if path != ":memory:":
-        # Switching a new file to WAL can meet another process doing the same; SQLite then
-        # reports "locked" at once, without the busy timeout: wait for it here instead.
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                conn.execute("PRAGMA journal_mode = WAL")
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    conn.close()
-                    raise
-                time.sleep(0.01)
-    return conn
 
 
 @asynccontextmanager
@@ -201,7 +176,7 @@ async def open_sqlite_store(
     with :class:`StoreError`, nothing of it stored.
 
     ``read_only`` opens an existing store for reading only (see
-    sqlite_readonly.py): no file is created, no table added, nothing written.
+    readonly.py): no file is created, no table added, nothing written.
 
     A file that cannot be opened (a missing directory, a directory, a file
     that is not a SQLite database) raises :class:`StoreError` naming it.
@@ -221,7 +196,7 @@ async def open_sqlite_store(
             yield store
         return
     try:
-        conn = await anyio.to_thread.run_sync(_connect, path, busy_timeout)
+        conn = await anyio.to_thread.run_sync(connect, path, busy_timeout)
     except sqlite3.Error as exc:
         raise sqlite_open_failed(path, exc) from exc
 
@@ -232,10 +207,10 @@ async def open_sqlite_store(
             # From now on the store waits for locks in slices (see SQLiteStore._begin).
             conn.execute(f"PRAGMA busy_timeout = {_BUSY_SLICE_MS}")
             if path != ":memory:":  # a second connection to ":memory:" would be another, empty database
-                reader = _connect(path, busy_timeout)
+                reader = connect(path, busy_timeout)
                 reader.execute("PRAGMA query_only = ON")
                 store._reader = reader
-                # Checkpoints run beside the commits, not in them (sqlite_checkpoints.py).
+                # Checkpoints run beside the commits, not in them (sqlite/checkpoints.py).
                 checkpointer = Checkpointer(path)
                 checkpointer.open()
                 store._checkpointer = checkpointer
@@ -264,11 +239,11 @@ async def open_sqlite_reader(path: str, *, owner: str | None = None) -> AsyncIte
     if path == ":memory:":
         raise StoreError("a new ':memory:' store has no memengine tables to read")
     try:
-        conn = await anyio.to_thread.run_sync(sqlite_readonly.connect, path)
+        conn = await anyio.to_thread.run_sync(readonly.connect, path)
     except sqlite3.Error as exc:
         raise sqlite_open_failed(path, exc) from exc
     try:
-        reader = await anyio.to_thread.run_sync(sqlite_readonly.connect, path)
+        reader = await anyio.to_thread.run_sync(readonly.connect, path)
     except BaseException as exc:
         conn.close()
         if isinstance(exc, sqlite3.Error):

@@ -24,11 +24,11 @@ from typing import Any
 
 import anyio
 
-from ..errors import EngineClosedError, StoreError
-from ..retrying import with_retries_in_thread
-from . import leases
-from .dialect import Db, Dialect
-from .postgres_replies import give_up
+from ...errors import EngineClosedError, StoreError
+from ...retrying import with_retries_in_thread
+from .. import leases
+from ..dialect import Db, Dialect
+from .replies import give_up
 
 log = logging.getLogger("memengine.store")
 

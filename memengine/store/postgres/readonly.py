@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import StoreError
-from .postgres_schema import SCHEMA_VERSION, read_state
-from .schema_window import check_newer
+from ...errors import StoreError
+from ..schema_window import check_newer
+from .schema import SCHEMA_VERSION, read_state
 
 
 def check_readable(conn: Any) -> None:

@@ -5,7 +5,7 @@ indexing rows in batches, so the index (``episodes_fts``, an external-content
 FTS5 table over ``episodes``) lags behind the journal up to a watermark,
 ``fts_state.indexed_through``: every live row at or below it is indexed, no
 row above it is. A delete trigger removes an indexed row in the transaction
-that deletes it and lowers the watermark (see sqlite_schema.py), so a deleted
+that deletes it and lowers the watermark (see sqlite/schema.py), so a deleted
 or cleared episode is never found.
 
 Writing and reading are separate steps:
@@ -32,13 +32,13 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ..episode import Episode
-from ..scope import Scope
-from . import unfinished
-from .base import Recalled, RecallIndexDamaged
-from .dialect import Db
-from .recall_query import query_words
-from .sqlite_schema import RECALL_DELETE_TRIGGER, RECALL_INDEX, RECALL_WATERMARK
+from ...episode import Episode
+from ...scope import Scope
+from .. import unfinished
+from ..base import Recalled, RecallIndexDamaged
+from ..dialect import Db
+from ..recall_query import query_words
+from .schema import RECALL_DELETE_TRIGGER, RECALL_INDEX, RECALL_WATERMARK
 
 _WATERMARK = (
     "SELECT state.indexed_through, "

@@ -21,7 +21,7 @@ setting                                     default    why
 ``reply_timeout`` (memengine's own)         statement  a server gone silent (a partition that
                                             timeout    drops nothing, a frozen server) fails the
                                             + 30 s     call instead of hanging it; see
-                                                       postgres_replies.py
+                                                       postgres/replies.py
 ==========================================  =========  ==========================================
 
 A setting the URL already gives is left as the user gave it: a parameter
@@ -61,7 +61,7 @@ import weakref
 from typing import Any
 from urllib.parse import quote, unquote
 
-from ..errors import StoreError
+from ...errors import StoreError
 
 #: Connection parameters added when neither the URL nor the environment gives them.
 DEFAULT_PARAMETERS = {
@@ -92,7 +92,7 @@ _USER_INFO = re.compile(r"^(?P<scheme>[a-z]+://)(?P<user>[^@/?:]*)(?::[^@/?]*)?@
 
 def connect(url: str) -> Any:
     """A new autocommit connection for ``url``: the defaults above, its ``prepare_threshold``, ``reply_timeout``."""
-    from .postgres_replies import RepliesBoundedConnection
+    from .replies import RepliesBoundedConnection
 
     conninfo, prepare_threshold = connection_arguments(url)
     bound = reply_timeout(url, conninfo)  # before connecting: a bad value opens nothing
@@ -181,7 +181,7 @@ def pinned_to_tables(url: str) -> str:
 
     Refuses (:class:`StoreError`) a ``search_path`` with memengine's tables in two schemas.
     """
-    from .postgres_schema import find_schema
+    from .schema import find_schema
 
     probe = connect(url)
     try:

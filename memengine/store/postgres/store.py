@@ -4,12 +4,12 @@ The operations and the committer are shared with SQLite (committer.py,
 journal.py, outbox.py, leases.py): group commit on one write connection per
 process, reads on a second, psycopg 3's blocking driver run in worker
 threads, so it works the same under asyncio and trio. Lease renewals get a
-third connection (postgres_renewals.py): a write waiting for a lock held by
+third connection (postgres/renewals.py): a write waiting for a lock held by
 a frozen replica never holds up this process's renewals. A connection the
 server dropped while idle is replaced before its next transaction. This
 module connects (reconnecting after a lost connection),
 inserts a run of appends with one ``unnest`` statement, and searches with
-PostgreSQL's full-text search (postgres_recall.py).
+PostgreSQL's full-text search (recall.py).
 """
 
 from __future__ import annotations
@@ -22,19 +22,20 @@ from typing import Any
 
 import anyio
 
-from ..errors import StoreError
-from ..scope import Scope
-from . import journal, postgres_recall
-from .base import Recalled
-from .committer import GroupCommitStore
-from .dialect import Db, postgres_dialect
-from .liveness import AdvisoryLiveness
-from .open_errors import driver_error, postgres_open_failed, redacted
-from .postgres_connection import connect, pinned_to_tables, shown, with_url_settings
-from .postgres_readonly import check_readable
-from .postgres_renewals import RenewalConnection
-from .postgres_replies import give_up
-from .postgres_schema import prepare_schema
+from ...errors import StoreError
+from ...scope import Scope
+from .. import journal
+from ..base import Recalled
+from ..committer import GroupCommitStore
+from ..dialect import Db, postgres_dialect
+from ..liveness import AdvisoryLiveness
+from ..open_errors import driver_error, postgres_open_failed, redacted
+from . import recall
+from .connection import connect, pinned_to_tables, shown, with_url_settings
+from .readonly import check_readable
+from .renewals import RenewalConnection
+from .replies import give_up
+from .schema import prepare_schema
 
 try:
     import psycopg
@@ -131,10 +132,10 @@ class PostgresStore(GroupCommitStore):
         return bool(cursor.rowcount == len(rows))
 
     def _search(self, db: Db, query: str, scope: Scope, limit: int) -> list[Recalled]:
-        return postgres_recall.search(db, query, scope, limit, journal.episode_from_row)
+        return recall.search(db, query, scope, limit, journal.episode_from_row)
 
     def _rebuild_recall_index(self, db: Db) -> int:
-        return postgres_recall.rebuild(db)
+        return recall.rebuild(db)
 
 
 def _cancel(conn: psycopg.Connection[Any]) -> None:
@@ -145,7 +146,7 @@ def _cancel(conn: psycopg.Connection[Any]) -> None:
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:
-    """A new autocommit connection, with the timeouts and settings of postgres_connection.py."""
+    """A new autocommit connection, with the timeouts and settings of postgres/connection.py."""
     return connect(url)  # type: ignore[no-any-return]
 
 
@@ -164,8 +165,8 @@ async def open_postgres_store(
     :class:`~memengine.errors.StoreError` says to run ``memengine migrate``.
     ``read_only`` creates and migrates nothing: every connection runs with
     ``default_transaction_read_only``, and a schema without memengine's
-    tables (or behind this code) is refused (see postgres_readonly.py).
-    Connections get bounded waits (see postgres_connection.py), which the URL
+    tables (or behind this code) is refused (see postgres/readonly.py).
+    Connections get bounded waits (see postgres/connection.py), which the URL
     can override. A server that cannot be reached, or a schema that cannot be
     used, raises :class:`~memengine.errors.StoreError` naming the URL without
     its password. On exit, operations already submitted are committed.

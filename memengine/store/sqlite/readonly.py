@@ -15,9 +15,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from ..errors import StoreError
-from .schema_window import check_newer
-from .sqlite_schema import SCHEMA_VERSION
+from ...errors import StoreError
+from ..schema_window import check_newer
+from .schema import SCHEMA_VERSION
 
 #: The tables every memengine SQLite store has had since its first version.
 MEMENGINE_TABLES = frozenset({"sessions", "episodes", "summaries"})

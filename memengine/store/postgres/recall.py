@@ -1,6 +1,6 @@
 """Full-text recall over the PostgreSQL journal (the ``simple`` configuration, ranked by ``ts_rank``).
 
-PostgreSQL keeps its GIN index (``episodes_text``, see postgres_schema.py) in
+PostgreSQL keeps its GIN index (``episodes_text``, see postgres/schema.py) in
 the transaction that writes or deletes a row, so there is nothing to catch
 up and no watermark that could go wrong: every committed episode is found,
 and a deleted one never. A corrupted index would be a fault of the database
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..episode import Episode
-from ..scope import Scope
-from . import unfinished
-from .base import Recalled
-from .dialect import Db
-from .postgres_schema import RECALL_PREFIX_CHARS
-from .recall_query import query_words
+from ...episode import Episode
+from ...scope import Scope
+from .. import unfinished
+from ..base import Recalled
+from ..dialect import Db
+from ..recall_query import query_words
+from .schema import RECALL_PREFIX_CHARS
 
 # The index covers an episode's first RECALL_PREFIX_CHARS characters (a tsvector holds at most 1 MB):
 # the search uses the same expression, so that the index serves it.

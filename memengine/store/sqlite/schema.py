@@ -16,12 +16,12 @@ from collections.abc import Callable
 
 import sqlite_utils
 
-from .handover import WANTED_COLUMN
-from .leases import TOKEN_FLOOR_TABLE
-from .owners import OWNERS_INDEX, OWNERS_TABLE
-from .schema_window import check_newer, compatible_from
+from ..handover import WANTED_COLUMN
+from ..leases import TOKEN_FLOOR_TABLE
+from ..owners import OWNERS_INDEX, OWNERS_TABLE
+from ..schema_window import check_newer, compatible_from
 
-# Full-text recall over the journal (see store/sqlite_recall.py, which also
+# Full-text recall over the journal (see store/sqlite/recall.py, which also
 # recreates these when it rebuilds a damaged index). Rows are indexed in
 # batches up to a rowid watermark: every live row at or below it is indexed,
 # none above it. A deleted row leaves the index in the same transaction that

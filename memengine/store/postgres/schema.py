@@ -36,11 +36,11 @@ from typing import Any
 
 import attrs
 
-from ..errors import StoreError
-from .handover import WANTED_COLUMN
-from .leases import TOKEN_FLOOR_TABLE
-from .owners import OWNERS_INDEX, OWNERS_TABLE
-from .schema_window import check_newer, compatible_from
+from ...errors import StoreError
+from ..handover import WANTED_COLUMN
+from ..leases import TOKEN_FLOOR_TABLE
+from ..owners import OWNERS_INDEX, OWNERS_TABLE
+from ..schema_window import check_newer, compatible_from
 
 #: The advisory lock key every memengine process takes while migrating ("memengine" in ASCII, truncated).
 MIGRATION_LOCK = 0x6D656D656E67696E & 0x7FFFFFFFFFFFFFFF
