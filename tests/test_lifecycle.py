@@ -7,7 +7,7 @@ import anyio.lowlevel
 import pytest
 
 from memengine import Engine, EngineClosedError, EngineFailedError, Episode, SessionConfig, StoreError, open_engine
-from memengine.store.committer import GroupCommitStore
+from memengine.store.operations import GroupCommitStore
 
 from .fakes import GatedSummarizer, RecordingSink, RecordingSummarizer, add_each, covered, turns
 

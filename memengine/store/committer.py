@@ -1,4 +1,4 @@
-"""Group commit, and every store operation, for both backends.
+"""Group commit for both backends: the queue, the worker thread, the read connection, closing.
 
 Every operation is a small function run against one connection. Operations
 submitted while a transaction is being committed wait and then go into the
@@ -28,6 +28,12 @@ progress is interrupted and what is left fails with :class:`StoreError`.
 The backends (sqlite/store.py, postgres/store.py) differ only in how they connect, begin a
 transaction, interrupt one, insert a run of appends with one statement, and
 search.
+
+The group commit is built in layers, each a module of one concern:
+backend.py (the hooks a backend fills in), transactions.py (one batch in one
+transaction), this module (the queue, the worker thread, reads, closing),
+side_work.py (lease renewals, liveness, reaping) and operations.py
+(:class:`GroupCommitStore`: what each store method submits).
 """
 
 from __future__ import annotations
@@ -35,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
 import socket
 import threading
@@ -44,54 +49,23 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import anyio
-import tenacity
 
 from ..actor.wakeup import Wakeup
 from ..episode import Episode
-from ..errors import EngineClosedError, SessionBusyError, StoreError, UncertainCommitError
-from ..retain.batch import RetainMode
-from ..retrying import wait_jitter, with_retries_in_thread
-from ..scope import Scope
-from . import erasure, handover, journal, leases, orphans, outbox, owners, scoped, set_aside
+from ..errors import EngineClosedError, StoreError, UncertainCommitError
+from . import journal, owners
 from .base import (
     AppendResult,
     Completion,
-    DueRetains,
-    Erased,
-    ExportedSession,
-    OutboxEntry,
-    OutboxState,
-    Recalled,
-    RecallIndexDamaged,
-    ScopeCounts,
-    SessionRow,
-    SessionSnapshot,
-    SetAside,
-    SetAsideCounts,
 )
 from .dialect import Db, Dialect
-from .liveness import HEARTBEAT_SECONDS
+from .submission import Operation, PendingRead, Submission, T
+from .transactions import Transactions
 
-T = TypeVar("T")
-Operation = Callable[[Db], T]
 log = logging.getLogger("memengine.store")
-
-_Append = tuple[str, int, int, Sequence[Episode]]  # session_id, token, first_seq, episodes
-_TRANSIENT_ATTEMPTS = 8
-#: After the n-th deadlock in a row: 5 ms * n, plus up to 10 ms of jitter (drawn from the engine's own random source).
-_DEADLOCK_WAIT = tenacity.wait_incrementing(start=0.005, increment=0.005) + wait_jitter(0, 0.01)
-
-
-class _Deadlocked(Exception):
-    """The transaction deadlocked with another process's and was rolled back: it runs again."""
-
-
-class _Interrupted(Exception):
-    """Closing interrupted the transaction (see ``_aborted``)."""
-
 
 #: Rows (episodes of an add; other operations count one) one transaction takes at most.
 TRANSACTION_ROWS = 2000
@@ -110,60 +84,11 @@ def new_owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class _Submission:
-    """One operation waiting for its transaction."""
+class Committer(Transactions):
+    """The group commit: a queue of submissions, one worker thread committing them, a read connection.
 
-    __slots__ = (
-        "append",
-        "chars",
-        "done",
-        "error",
-        "eviction",
-        "finished",
-        "operation",
-        "refused",
-        "result",
-        "size",
-        "urgent",
-    )
-
-    def __init__(
-        self,
-        operation: Operation[Any] | None,
-        done: Completion[Any] | None = None,
-        append: _Append | None = None,
-        size: int = 1,
-        chars: int = 0,
-    ) -> None:
-        self.operation = operation  # None for an append: journal.append over ``append``
-        self.done = done
-        self.append = append  # set for appends, which can also run together (see _append_run)
-        self.eviction: tuple[str, int, int] | None = None  # likewise for eviction boundaries (_eviction_run)
-        self.size = size  # rows it stores (one for most operations)
-        self.chars = chars  # characters of content it stores
-        self.finished: Wakeup | None = None  # for the one caller that awaits the outcome
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.refused = False  # it waited too long for a lock (or ran too long): not run again with the rest
-        self.urgent = False  # a lease renewal: first in its transaction (see _enqueue)
-
-
-class _Read(Generic[T]):
-    """One read on the read connection (its identity tells whether it is the one running)."""
-
-    __slots__ = ("abandoned", "operation")
-
-    def __init__(self, operation: Operation[T]) -> None:
-        self.operation = operation
-        self.abandoned = False  # its caller gave up: if it has not started, it never does
-
-
-class GroupCommitStore:
-    """A store over one blocking DB-API connection; see :class:`~memengine.store.base.Store`.
-
+    Backends are subclasses (through operations.py's :class:`GroupCommitStore`);
     ``owner`` names this process in lease rows (one store per engine).
-    ``reader`` is a second connection for reads, or ``None`` to read through
-    the committer (an in-memory SQLite database has no second connection).
     """
 
     #: Where the store is, as messages and reprs show it (a URL without its password); set by the opener.
@@ -173,16 +98,13 @@ class GroupCommitStore:
         return f"{type(self).__name__}({self.location!r})"
 
     def __init__(self, conn: Any, dialect: Dialect, owner: str | None = None, reader: Any | None = None) -> None:
-        self._conn = conn
-        self._reader = reader
-        self._dialect = dialect
+        super().__init__(conn, dialect, reader)
         self.owner = owner or new_owner_id()
         self._pid = os.getpid()  # a forked child renews nothing of its parent's (see forked)
-        self._queue: deque[_Submission] = deque()
-        self._urgent: list[_Submission] = []  # lease renewals: into the next transaction, first
+        self._queue: deque[Submission] = deque()
+        self._urgent: list[Submission] = []  # lease renewals: into the next transaction, first
         self._queue_filled = Wakeup()
         self._closing = False
-        self._aborted = False  # read by the worker thread: stop starting transactions
         # Whether the worker thread is in a transaction, and whether closing gave up on it (then the
         # thread closes the connection itself when it returns). Guarded by _thread_state.
         self._thread_state = threading.Lock()
@@ -196,95 +118,14 @@ class GroupCommitStore:
         self._read_slot = anyio.CapacityLimiter(1)  # reads, one at a time (as the read connection takes them)
         self._read_lock = threading.Lock()
         self._read_lock_state = threading.Lock()
-        self._running_read: _Read[Any] | None = None
+        self._running_read: PendingRead[Any] | None = None
         self._reads_in_flight = 0
-        self._transient = False  # set (in the worker thread) when an operation met a deadlock
-        self._reconnected = False  # whether the batch being committed already got a new connection
-        self._liveness: owners.Liveness | None = None  # once held (see start_liveness)
-        self._alive_until = math.inf  # see alive_until
-        self._reaped_until = -math.inf  # reaped while its lock was lost: memory is not the store until then
-        self._registration_due = False  # the lock was taken back and not yet registered again (see keep_alive)
-        self._registration_unsure = False  # a registration since then failed or was given up on: it may have committed
-        self._longest_ttl = 0.0  # of the leases this store took (see keep_alive)
-        self._liveness_slot = anyio.CapacityLimiter(1)
+        self._liveness: owners.Liveness | None = None  # once held (see side_work.py's start_liveness)
         self._close_by: float | None = None  # time.monotonic() by which closing ends (see _closing_wait)
-
-    # -- backend hooks -------------------------------------------------------
-
-    def _begin(self, db: Db) -> None:
-        """Begin a write transaction (in the worker thread)."""
-        db.execute("BEGIN")
-
-    def _begin_read(self, db: Db) -> None:
-        """Begin a read-only transaction on the read connection."""
-        db.execute("BEGIN")
-
-    def _insert_new_episodes(self, db: Db, sessions: list[str], rows: list[tuple]) -> bool:
-        """Insert the rows with one statement; True if every row was new (else the caller undoes it)."""
-        raise NotImplementedError
-
-    def _in_transaction(self) -> bool:
-        raise NotImplementedError
-
-    def _interrupt(self) -> None:
-        """Make the statement running in the worker thread fail soon (called from the event loop)."""
-
-    def _interrupt_reads(self) -> None:
-        """Make the statement running on the read connection fail soon (called from the event loop)."""
-
-    def _interrupted(self, error: BaseException) -> bool:
-        """Whether ``error`` is what an interrupt makes a statement raise."""
-        return False
-
-    def _give_up(self, conn: Any) -> None:
-        """Make a thread still waiting on ``conn`` after an interrupt return soon (it is left behind). Any thread."""
-
-    def _reader_connection(self) -> Any:
-        """The read connection, reconnected if it was lost."""
-        return self._reader
-
-    def _reader_lost(self) -> bool:
-        """Whether the read connection is gone (the server dropped it): a read is tried again on a new one."""
-        return False
-
-    def _reconnect(self) -> None:
-        """Replace the write connection, which was lost (in the worker thread, outside a transaction)."""
-        raise NotImplementedError
-
-    async def _side_work(self) -> None:
-        """Work of the backend's own beside the committer, while the store serves (cancelled at close)."""
-
-    def _close_side_work(self) -> None:
-        """Close what :meth:`_side_work` used (in a thread, after it was cancelled)."""
-
-    def _close_own_connections(self, wait: float) -> None:
-        """Close the backend's further connections (in a thread), waiting ``wait`` seconds at most for one in use."""
-
-    def _committed(self) -> None:
-        """A transaction committed (called on the event loop)."""
-
-    def _new_liveness(self) -> Any:
-        """This engine's liveness lock (store/liveness.py), not yet held; None where there is none."""
-        return None
-
-    def _housekeeping(self) -> Operation[Any] | None:
-        """An extra operation to ride along with the next transaction, if one is due."""
-        return None
-
-    async def _catch_up_recall_index(self) -> None:
-        """Index what is stored but not indexed yet (nothing, for a backend that indexes as it writes)."""
-
-    def _search(self, db: Db, query: str, scope: Scope, limit: int) -> list[Recalled]:
-        """Search the recall index; a read. Raises :class:`RecallIndexDamaged` if the index is damaged."""
-        raise NotImplementedError
-
-    def _rebuild_recall_index(self, db: Db) -> int:
-        """Rebuild the recall index from the journal; return how many episodes it holds."""
-        raise NotImplementedError
 
     # -- the committer -------------------------------------------------------
 
-    def _enqueue(self, submission: _Submission, *, urgent: bool = False) -> None:
+    def _enqueue(self, submission: Submission, *, urgent: bool = False) -> None:
         """Queue an operation for the next transaction (an urgent one ahead of the rest)."""
         if self._closing:
             raise EngineClosedError("the store is closed")
@@ -297,7 +138,7 @@ class GroupCommitStore:
 
         If the caller is cancelled while waiting, the operation still runs.
         """
-        submission = _Submission(operation)
+        submission = Submission(operation)
         submission.finished = Wakeup()
         self._enqueue(submission, urgent=urgent)
         await submission.finished.wait()
@@ -316,7 +157,7 @@ class GroupCommitStore:
             return await self._submit(operation)
         if self._closing:
             raise EngineClosedError("the store is closed")
-        read = _Read(operation)
+        read = PendingRead(operation)
         self._reads_in_flight += 1
         try:
             # One thread slot of their own: reads queued for the read connection hold no slot of
@@ -332,7 +173,7 @@ class GroupCommitStore:
         finally:
             self._reads_in_flight -= 1
 
-    def _run_read(self, read: _Read[T]) -> T:
+    def _run_read(self, read: PendingRead[T]) -> T:
         with self._read_lock:  # one thread at a time on the read connection (an abandoned read may still run)
             for attempt in (1, 2):
                 with self._read_lock_state:
@@ -364,7 +205,7 @@ class GroupCommitStore:
                             self._reader.close()
             raise AssertionError("unreachable")
 
-    def _take_batch(self) -> list[_Submission]:
+    def _take_batch(self) -> list[Submission]:
         """The next transaction's operations: every urgent one, then queued ones up to the bounds."""
         batch, self._urgent = self._urgent, []
         rows = chars = 0
@@ -379,7 +220,7 @@ class GroupCommitStore:
         return batch
 
     async def _run_committer(self) -> None:
-        in_flight: list[_Submission] = []
+        in_flight: list[Submission] = []
         try:
             # Shielded: the code around the engine may be cancelled, but what
             # the engine does on its way out still needs the store.
@@ -396,7 +237,7 @@ class GroupCommitStore:
                     batch = in_flight = self._take_batch()
                     extra = self._housekeeping()
                     if extra is not None:
-                        batch.append(_Submission(extra))
+                        batch.append(Submission(extra))
                     try:
                         with self._thread_state:
                             self._thread_busy = True
@@ -428,7 +269,7 @@ class GroupCommitStore:
                 self._finish(submission)
             self._committer_done.set()
 
-    def _finish(self, submission: _Submission) -> None:
+    def _finish(self, submission: Submission) -> None:
         if submission.done is not None:
             try:
                 submission.done(submission.result, submission.error)
@@ -437,7 +278,7 @@ class GroupCommitStore:
         if submission.finished is not None:
             submission.finished.set()
 
-    def _commit_in_thread(self, batch: list[_Submission]) -> None:
+    def _commit_in_thread(self, batch: list[Submission]) -> None:
         try:
             self._commit(batch)
         finally:
@@ -447,267 +288,6 @@ class GroupCommitStore:
             if left_behind:  # closing gave up on this thread: the connection is its to close
                 with contextlib.suppress(Exception):
                     self._conn.close()
-
-    def _commit(self, batch: list[_Submission]) -> None:
-        """Run a batch of operations in one transaction (in the worker thread).
-
-        First all together; if one of them fails, the transaction is rolled back
-        and the batch runs again with a savepoint around each operation, so only
-        the failing one is refused. A transaction another process's deadlocked
-        with (PostgreSQL aborted ours) is run again, all of it, after a short
-        jittered pause (retrying.py, on tenacity).
-        """
-        self._reconnected = False
-        try:
-            with_retries_in_thread(
-                lambda: self._commit_once(batch),
-                _TRANSIENT_ATTEMPTS,
-                lambda exc: isinstance(exc, _Deadlocked) and not self._aborted,
-                lambda attempt, _: log.info("a store transaction met a deadlock; retrying (attempt %d)", attempt + 1),
-                _DEADLOCK_WAIT,
-            )
-        except (_Deadlocked, _Interrupted):
-            reason = (
-                "the store was closing and interrupted it"
-                if self._aborted
-                else "the transaction kept deadlocking with other processes"
-            )
-            for submission in batch:
-                submission.result = None
-                submission.error = StoreError(f"nothing was stored: {reason}")
-
-    def _commit_once(self, batch: list[_Submission]) -> None:
-        """One go at the batch; raises _Deadlocked if it must run again, _Interrupted if closing stopped it."""
-        if self._aborted:
-            raise _Interrupted
-        self._transient = False
-        if self._transaction([s for s in batch if not s.refused], isolate=False):
-            return
-        if self._aborted:
-            raise _Interrupted
-        # Without the operation that waited too long, if one did: it would only wait again.
-        if not self._transient and self._transaction([s for s in batch if not s.refused], isolate=True):
-            return
-        if self._aborted:
-            raise _Interrupted
-        if self._transient:
-            raise _Deadlocked
-
-    def _transaction(self, batch: list[_Submission], *, isolate: bool) -> bool:
-        errors = self._dialect.errors
-        db = Db(self._conn, self._dialect)
-        try:
-            self._begin(db)
-        except errors as exc:
-            self._rollback(db)
-            if self._connection_lost() and not self._reconnected:
-                # Dropped while idle, or during the attempt before (which the server then rolled
-                # back): nothing is in flight, so the transaction is simply begun on a new connection.
-                self._reconnected = True
-                log.info("the store's connection was lost (%s); reconnecting", exc)
-                try:
-                    self._reconnect()
-                except errors as again:
-                    exc = again
-                else:
-                    return self._transaction(batch, isolate=isolate)
-            for submission in batch:
-                submission.result = None
-                submission.error = StoreError(f"could not begin a transaction: {exc}")
-            return True
-        rest = batch
-        if not isolate:
-            # Renewals first (a lease about to lapse is extended before anything checks it), then
-            # appends, all in one statement, then eviction boundaries, all in another: they commute
-            # with every other operation a transaction can hold (a session's own deletes, clears and
-            # reads wait for its append; retain batches and summaries only read what an earlier
-            # commit stored), so their order among the rest does not matter.
-            for submission in [submission for submission in batch if submission.urgent]:
-                if not self._run_one(db, submission):
-                    self._rollback(db)
-                    return False
-            appends = [submission for submission in batch if submission.append is not None]
-            evictions = [submission for submission in batch if submission.eviction is not None]
-            if appends and not self._append_run(db, appends):
-                self._rollback(db)
-                return False
-            if evictions and not self._eviction_run(db, evictions):
-                self._rollback(db)
-                return False
-            rest = [
-                submission
-                for submission in batch
-                if not submission.urgent and submission.append is None and submission.eviction is None
-            ]
-        index = 0
-        while index < len(rest):
-            if self._transient or self._aborted:
-                self._rollback(db)
-                return False
-            submission = rest[index]
-            index += 1
-            if not isolate:
-                if not self._run_one(db, submission):
-                    self._rollback(db)
-                    return False
-                continue
-            db.execute("SAVEPOINT operation")
-            if self._run_one(db, submission):
-                db.execute("RELEASE operation")
-            elif self._transient:
-                continue  # the whole transaction is retried (see the top of the loop)
-            else:
-                db.execute("ROLLBACK TO operation")
-                db.execute("RELEASE operation")
-        if self._transient:
-            self._rollback(db)
-            return False
-        try:
-            db.execute("COMMIT")
-        except errors as exc:
-            self._rollback(db)
-            if self._connection_lost():
-                # The server may have committed before the connection went: say so.
-                error: StoreError = UncertainCommitError(
-                    f"the connection was lost while committing; the operation may or may not be stored ({exc})"
-                )
-            else:
-                error = StoreError(f"commit failed, nothing was stored: {exc}")
-            for submission in batch:
-                submission.result = None
-                submission.error = error
-        return True
-
-    def _connection_lost(self) -> bool:
-        return False
-
-    def _rollback(self, db: Db) -> None:
-        """Roll back whatever is open; a connection that is gone has nothing open."""
-        try:
-            if self._in_transaction():
-                db.execute("ROLLBACK")
-        except self._dialect.errors:
-            if not self._connection_lost():
-                raise
-
-    def _abandon(self, batch: list[_Submission], error: BaseException) -> None:
-        self._rollback(Db(self._conn, self._dialect))
-        for submission in batch:
-            submission.result = None
-            submission.error = StoreError(f"nothing was stored: {error!r}")
-
-    def _append_run(self, db: Db, run: list[_Submission]) -> bool:
-        """Store consecutive appends (of different sessions) with one statement.
-
-        One query checks every lease; seqs are numbered on the assumption that
-        no id is already stored. If a lease is stale, each append takes the
-        row-by-row path, which checks its own lease and skips stored ids; if
-        the row count shows a stored id, the transaction is run again with
-        each operation on its own (see _run_together).
-        """
-        rows: list[Any] = []
-        first_appends = []
-        held = []
-        for submission in run:
-            session_id, token, first_seq, episodes = submission.append  # type: ignore[misc]
-            held.append((session_id, token))
-            if first_seq == 1:
-                first_appends.append(session_id)
-            rows += [journal.episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq)]
-        return self._run_together(
-            db,
-            run,
-            lambda: leases.all_held(db, held),
-            lambda: self._insert_new_episodes(db, first_appends, rows),
-            lambda submission: journal.appended(submission.append[2], submission.append[3]),  # type: ignore[index]
-        )
-
-    def _eviction_run(self, db: Db, run: list[_Submission]) -> bool:
-        """Store the eviction boundaries of several sessions with one lease query and one statement.
-
-        If a lease is stale, each boundary takes its own path
-        (journal.record_eviction), which refuses only the stale one.
-        """
-        evictions: list[tuple[str, int, int]] = [submission.eviction for submission in run]  # type: ignore[misc]
-
-        def write() -> bool:
-            journal.record_evictions(db, evictions)
-            return True
-
-        return self._run_together(
-            db,
-            run,
-            lambda: leases.all_held(db, [(session_id, token) for session_id, token, _ in evictions]),
-            write,
-            lambda submission: None,
-        )
-
-    def _run_together(
-        self,
-        db: Db,
-        run: list[_Submission],
-        check: Callable[[], bool],
-        write: Callable[[], bool],
-        result: Callable[[_Submission], Any],
-    ) -> bool:
-        """Run ``write``, one statement for the whole ``run``, and give each its ``result``.
-
-        ``check`` (a read: every lease held) comes first: if it says no,
-        nothing is written yet and each operation runs on its own (_run_one),
-        which fails only the one at fault. If ``write`` says no (a row already
-        stored) or fails, it may have written part of the run: False, so the
-        transaction is rolled back and run again with each operation on its
-        own (see _commit). No savepoint guards the usual case: SQLite copies
-        every page a savepoint's statements change to a statement journal
-        (1.5 times the cost per inserted row: benchmarks/sqlite_write_costs.py).
-        """
-        try:
-            if not check():
-                return all([self._run_one(db, submission) for submission in run])
-            written = write()
-        except self._dialect.transient:
-            self._transient = True  # the whole transaction is tried again (see _commit)
-            return False
-        except self._dialect.errors:
-            return False
-        if not written:
-            return False
-        for submission in run:
-            submission.result = result(submission)
-            submission.error = None
-        return True
-
-    def _run_one(self, db: Db, submission: _Submission) -> bool:
-        # Nothing of an earlier, rolled-back attempt may survive (a result would say "stored").
-        submission.result = None
-        submission.error = None
-        try:
-            if submission.operation is None:  # an append, run on its own (see _append_run for the usual way)
-                session_id, token, first_seq, episodes = submission.append  # type: ignore[misc]
-                submission.result = journal.append(db, session_id, token, first_seq, episodes)
-            else:
-                submission.result = submission.operation(db)
-        except self._dialect.transient as exc:
-            submission.error = StoreError(str(exc))
-            self._transient = True
-            return False
-        except self._dialect.too_slow as exc:
-            if self._aborted:
-                submission.error = StoreError(str(exc))
-            else:
-                submission.refused = True
-                submission.error = StoreError(
-                    "nothing was stored: a statement waited too long, for a lock another transaction holds (that "
-                    f"process may be frozen or cut off mid-write) or for the database ({exc})"
-                )
-            return False
-        except self._dialect.errors as exc:
-            submission.error = StoreError(str(exc))
-            return False
-        except Exception as exc:
-            submission.error = exc
-            return False
-        return True
 
     async def aclose(self, grace: float = CLOSE_TIMEOUT) -> bool:
         """Finish the operations already submitted, then stop; True if all of them ran.
@@ -824,118 +404,7 @@ class GroupCommitStore:
         finally:
             self._read_lock.release()
 
-    # -- sessions --------------------------------------------------------------
-
-    async def activate(self, session_id: str, ttl: float) -> tuple[int, SessionSnapshot]:
-        self._longest_ttl = max(self._longest_ttl, ttl)
-        activated = await self._submit(lambda db: journal.activate(db, session_id, self.owner, ttl))
-        if isinstance(activated, SessionBusyError):
-            raise activated
-        return activated
-
-    async def renew_leases(self, held: Sequence[tuple[str, int]], ttl: float) -> set[str]:
-        if self.forked():
-            return set()  # the parent's leases: never renewed from a forked child
-        # Urgent: a lease must never lapse because writes were queued ahead of its renewal.
-        return await self._submit(lambda db: leases.renew(db, self.owner, held, ttl), urgent=True)
-
-    async def release_lease(self, session_id: str, token: int) -> None:
-        await self._submit(lambda db: leases.release(db, session_id, token))
-
-    async def release_leases(self) -> None:
-        liveness = self._liveness
-
-        def release(db: Db) -> None:
-            leases.release_all(db, self.owner)
-            if liveness is not None:
-                owners.unregister(db, liveness)
-
-        await self._submit(release)
-
-    # -- liveness (store/owners.py) --------------------------------------------
-
-    async def start_liveness(self) -> None:
-        liveness = self._new_liveness()
-        if liveness is None:
-            return
-        try:
-            await anyio.to_thread.run_sync(liveness.hold, limiter=self._liveness_slot)
-        except Exception as exc:
-            log.warning(
-                "this engine cannot hold a liveness lock (%s): if it dies, its sessions wait for their leases "
-                "to expire",
-                exc,
-            )
-            return
-        asked_at = anyio.current_time()
-        await self._submit(lambda db: owners.register(db, self.owner, liveness))
-        self._liveness = liveness
-        self._alive_until = self._alive_after(asked_at)
-
-    def alive_until(self) -> float:
-        if anyio.current_time() < self._reaped_until:
-            return -math.inf  # every read renews its lease first: those reaped fail (keep_alive)
-        return self._alive_until
-
-    def _alive_after(self, asked_at: float) -> float:
-        """How long after a check that found the liveness lock held (asked at ``asked_at``) it may be counted on.
-
-        Another process reaps this one no sooner than ``grace`` after it saw the lock gone (which was
-        after ``asked_at``); two heartbeats are kept as a margin for noticing and cancelling.
-        """
-        assert self._liveness is not None
-        grace = self._liveness.grace
-        return math.inf if grace == 0 else asked_at + grace - 2 * HEARTBEAT_SECONDS
-
-    def forked(self) -> bool:
-        """Whether this is a forked child of the process that opened the store: its leases are the parent's."""
-        return os.getpid() != self._pid
-
-    async def keep_alive(self) -> bool:
-        liveness = self._liveness
-        if liveness is None or self.forked():
-            return True
-        asked_at = anyio.current_time()
-        held = await anyio.to_thread.run_sync(liveness.check, limiter=self._liveness_slot, abandon_on_cancel=True)
-        if not held:
-            self._registration_due = True  # until a registration commits: a failed one is made again next time
-        if self._registration_due:
-            # Back among the living. If it was reaped meanwhile, its leases may have been released and taken:
-            # no lease known valid by this process's clock before now may be counted on. Every one was
-            # renewed before now and lasts at most the longest ttl: until then, every read renews first.
-            # Assumed until a registration says otherwise: one that failed or was given up on (cancelled)
-            # may have committed unseen, and then the next one finds the registration there.
-            before = self._reaped_until
-            self._reaped_until = max(before, anyio.current_time() + self._longest_ttl)
-            proof = not self._registration_unsure
-            self._registration_unsure = True
-            registered = await self._submit(lambda db: owners.register(db, self.owner, liveness))
-            self._registration_due = self._registration_unsure = False
-            if registered and proof:
-                self._reaped_until = before
-            elif not registered:
-                log.warning("this engine was taken for dead while its liveness lock was lost: checking its leases")
-            asked_at = anyio.current_time()  # counted from now: it was not held all along
-        self._alive_until = self._alive_after(asked_at)
-        return bool(held)
-
-    async def wanted_sessions(self) -> list[str]:
-        return await self._read(lambda db: handover.wanted(db, self.owner))
-
-    async def reap_dead_owners(self, among: Sequence[str] | None = None) -> owners.Reaped:
-        liveness = self._liveness
-        if liveness is None:
-            return owners.NOTHING_REAPED
-        dead, others = await self._read(lambda db: owners.dead_owners(db, liveness, self.owner, among))
-        if not dead:
-            return owners.Reaped(others=others)
-        reaped = await self._submit(lambda db: owners.reap(db, liveness, self.owner, dead))
-        if reaped.incarnations:  # committed: nobody checks them again
-            await anyio.to_thread.run_sync(liveness.forget, reaped.incarnations)
-        return reaped
-
-    async def load_session(self, session_id: str) -> SessionSnapshot:
-        return await self._read(lambda db: journal.load(db, session_id))
+    # -- the two operations that run together (see transactions.py) ---------
 
     def submit_append(
         self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
@@ -944,197 +413,15 @@ class GroupCommitStore:
         if len(episodes) > TRANSACTION_ROWS or chars > TRANSACTION_CHARS:
             _AppendInParts(self, session_id, token, first_seq, episodes, done).start()
             return
-        self._enqueue(_Submission(None, done, (session_id, token, first_seq, episodes), len(episodes), chars))
+        self._enqueue(Submission(None, done, (session_id, token, first_seq, episodes), len(episodes), chars))
 
     def submit_eviction(self, session_id: str, token: int, through_seq: int, done: Completion[None]) -> None:
         operation = functools.partial(
             journal.record_eviction, session_id=session_id, token=token, through_seq=through_seq
         )
-        submission = _Submission(operation, done)
+        submission = Submission(operation, done)
         submission.eviction = (session_id, token, through_seq)  # so that evictions run together (_eviction_run)
         self._enqueue(submission)
-
-    async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
-        return await self._submit(
-            lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary)
-        )
-
-    async def delete_episodes(self, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
-        return await self._submit(lambda db: journal.delete_episodes(db, session_id, token, seqs))
-
-    async def clear_session(self, session_id: str, token: int) -> SessionSnapshot:
-        return await self._submit(lambda db: journal.clear_session(db, session_id, token))
-
-    async def sessions_needing_summary(
-        self, max_episodes: int, max_chars: int, *, orphaned_only: bool = False
-    ) -> list[str]:
-        return await self._read(
-            lambda db: journal.sessions_needing_summary(db, self.owner, max_episodes, max_chars, orphaned_only)
-        )
-
-    async def release_orphans(self, max_episodes: int, max_chars: int, *, retaining: bool) -> int:
-        released = 0
-        after: str | None = None
-        while True:
-            step, after = await self._submit(
-                functools.partial(
-                    orphans.release_handled,
-                    max_episodes=max_episodes,
-                    max_chars=max_chars,
-                    retaining=retaining,
-                    after=after,
-                )
-            )
-            released += step
-            if after is None:
-                return released
-
-    async def list_sessions(self) -> list[SessionRow]:
-        return await self._read(journal.list_sessions)
-
-    # -- retain outbox and recall ---------------------------------------------
-
-    def submit_retain(
-        self,
-        session_id: str,
-        token: int,
-        mode: RetainMode,
-        through_seq: int | None,
-        limit: int | None,
-        done: Completion[int],
-    ) -> None:
-        operation = functools.partial(
-            outbox.enqueue, session_id=session_id, token=token, mode=mode, through_seq=through_seq, limit=limit
-        )
-        self._enqueue(_Submission(operation, done))
-
-    async def enqueue_retain(
-        self,
-        session_id: str,
-        token: int,
-        mode: RetainMode,
-        through_seq: int | None = None,
-        *,
-        batch_size: int | None = None,
-    ) -> int:
-        return await self._submit(
-            lambda db: outbox.enqueue(db, session_id, token, mode, through_seq, batch_size=batch_size)
-        )
-
-    async def enqueue_all_retains(
-        self, mode: RetainMode, *, orphaned_only: bool = False, batch_size: int | None = None
-    ) -> list[str]:
-        # A step of at most a hundred sessions per transaction: renewals and writers go in between.
-        handled: list[str] = []
-        after: str | None = None
-        while True:
-            step, after = await self._submit(
-                functools.partial(
-                    outbox.enqueue_all,
-                    owner=self.owner,
-                    mode=mode,
-                    orphaned_only=orphaned_only,
-                    after=after,
-                    batch_size=batch_size,
-                )
-            )
-            handled.extend(step)
-            if after is None:
-                return handled
-
-    async def pending_retains(self, limit: int) -> list[OutboxEntry]:
-        return await self._read(lambda db: outbox.pending(db, limit, journal.episode_from_row))
-
-    async def due_retains(self, limit: int, *, ignore_backoff: bool = False) -> DueRetains:
-        return await self._read(lambda db: outbox.due(db, self.owner, limit, ignore_backoff))
-
-    async def claim_retain(self, entry_id: int, key: str, ttl: float) -> OutboxEntry | outbox.Unclaimable:
-        return await self._submit(lambda db: outbox.claim(db, entry_id, key, self.owner, ttl, journal.episode_from_row))
-
-    async def extend_retain_claim(self, entry_id: int, key: str, ttl: float) -> bool:
-        return await self._submit(lambda db: outbox.extend_claim(db, entry_id, key, self.owner, ttl))
-
-    async def mark_retained(self, entry_id: int, key: str) -> None:
-        await self._submit(lambda db: outbox.mark_delivered(db, entry_id, key))
-
-    async def mark_retain_failed(
-        self, entry_id: int, key: str, error: str, retry_in: float = 0.0, *, set_aside: bool = False
-    ) -> None:
-        await self._submit(lambda db: outbox.mark_failed(db, entry_id, key, self.owner, error, retry_in, set_aside))
-
-    async def handed_on(self, session_id: str) -> tuple[int, tuple[Episode, ...]]:
-        return await self._read(lambda db: outbox.handed_on(db, session_id, journal.episode_from_row))
-
-    async def outbox_state(self) -> OutboxState:
-        return await self._read(outbox.state)
-
-    # -- work set aside ---------------------------------------------------------
-
-    async def set_summary_aside(
-        self, session_id: str, token: int, generation: int, through_seq: int, attempts: int, error: str
-    ) -> bool:
-        return await self._submit(
-            lambda db: set_aside.set_summary_aside(db, session_id, token, generation, through_seq, attempts, error)
-        )
-
-    async def lift_summary_set_aside(self, session_id: str, token: int | None) -> bool:
-        return await self._submit(lambda db: set_aside.clear_summary_mark(db, session_id, token))
-
-    async def summary_set_aside(self, session_id: str) -> SetAside | None:
-        return await self._read(lambda db: set_aside.summary_of(db, session_id))
-
-    async def list_set_aside(self, session_id: str | None = None, limit: int = 1000) -> list[SetAside]:
-        return await self._read(lambda db: set_aside.listing(db, session_id, limit))
-
-    async def set_aside_counts(self) -> SetAsideCounts:
-        return await self._read(set_aside.counts)
-
-    async def retry_set_aside_retains(self, session_id: str | None = None) -> int:
-        return await self._submit(lambda db: set_aside.retry_retains(db, session_id))
-
-    async def discard_set_aside_retains(self, session_id: str | None = None) -> list[SetAside]:
-        return await self._submit(lambda db: set_aside.discard_retains(db, session_id))
-
-    async def recall(self, query: str, scope: Scope, limit: int) -> list[Recalled]:
-        """Search ``scope``: index what waits (in bounded steps), then read; rebuild a damaged index."""
-        search = functools.partial(self._search, query=query, scope=scope, limit=limit)
-        try:
-            await self._catch_up_recall_index()
-            return await self._read(search)
-        except RecallIndexDamaged as damage:
-            log.warning("%s; rebuilding it from the journal", damage)
-            await self.rebuild_recall_index()
-            return await self._read(search)
-
-    async def rebuild_recall_index(self) -> int:
-        return await self._submit(self._rebuild_recall_index)
-
-    # -- scopes: listing, export, erasure (scoped.py, erasure.py) -------------
-
-    async def scope_session_ids(self, scope: Scope, after: str | None, limit: int) -> list[str]:
-        return await self._read(lambda db: scoped.session_ids(db, scope, after, limit))
-
-    async def scope_counts(self, scope: Scope) -> ScopeCounts:
-        return await self._read(lambda db: scoped.counts(db, scope))
-
-    async def exported_session(self, session_id: str) -> ExportedSession:
-        return await self._read(lambda db: scoped.exported_session(db, session_id))
-
-    async def episodes_after(self, session_id: str, after_seq: int, limit: int) -> list[Episode]:
-        return await self._read(lambda db: scoped.episodes_after(db, session_id, after_seq, limit))
-
-    async def erase_session(self, session_id: str, token: int) -> Erased:
-        # Steps of at most an add's transaction: other sessions' writes and renewals go in between.
-        episodes = summaries = batches = 0
-        while True:
-            step = await self._submit(
-                functools.partial(erasure.erase_step, session_id=session_id, token=token, limit=TRANSACTION_ROWS)
-            )
-            episodes += step.episodes
-            summaries += step.summaries
-            batches += step.outbox_batches
-            if step.complete:
-                return Erased(episodes, summaries, batches, traces_left=step.traces_left)
 
 
 class _AppendInParts:
@@ -1149,7 +436,7 @@ class _AppendInParts:
 
     def __init__(
         self,
-        store: GroupCommitStore,
+        store: Committer,
         session_id: str,
         token: int,
         first_seq: int,
@@ -1169,7 +456,7 @@ class _AppendInParts:
     def start(self) -> None:
         self._store._enqueue(self._part(0))  # refused at once if the store is closing: nothing stored
 
-    def _part(self, index: int) -> _Submission:
+    def _part(self, index: int) -> Submission:
         episodes = self._parts[index]
         operation = functools.partial(
             journal.append_part,
@@ -1181,9 +468,7 @@ class _AppendInParts:
             first_part=index == 0,
             last_part=index == len(self._parts) - 1,
         )
-        return _Submission(
-            operation, self._part_stored, size=len(episodes), chars=sum(len(e.content) for e in episodes)
-        )
+        return Submission(operation, self._part_stored, size=len(episodes), chars=sum(len(e.content) for e in episodes))
 
     def _part_stored(self, results: AppendResult | None, error: BaseException | None) -> None:
         if error is None and results is not None:
@@ -1206,7 +491,7 @@ class _AppendInParts:
             journal.undo_append, session_id=self._session_id, token=self._token, add_first_seq=self._first_seq
         )
         try:
-            self._store._enqueue(_Submission(undo, functools.partial(self._undone, error)))
+            self._store._enqueue(Submission(undo, functools.partial(self._undone, error)))
         except EngineClosedError:
             self._undone(error, None, StoreError("the store closed before the stored parts could be undone"))
 

@@ -26,10 +26,10 @@ from ...errors import StoreError
 from ...scope import Scope
 from .. import journal
 from ..base import Recalled
-from ..committer import GroupCommitStore
 from ..dialect import Db, postgres_dialect
 from ..liveness import AdvisoryLiveness
 from ..open_errors import driver_error, postgres_open_failed, redacted
+from ..operations import GroupCommitStore
 from . import recall
 from .connection import connect, pinned_to_tables, shown, with_url_settings
 from .readonly import check_readable

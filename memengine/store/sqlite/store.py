@@ -26,10 +26,12 @@ from ...errors import StoreError
 from ...scope import Scope
 from .. import journal
 from ..base import AppendResult, Completion, Recalled
-from ..committer import GroupCommitStore, Operation, log
+from ..committer import log
 from ..dialect import Db, sqlite_dialect
 from ..liveness import FileLiveness
 from ..open_errors import driver_error, sqlite_open_failed
+from ..operations import GroupCommitStore
+from ..submission import Operation
 from . import readonly, recall
 from .checkpoints import Checkpointer
 from .connection import BUSY_TIMEOUT, connect, is_busy
