@@ -47,7 +47,7 @@ import attrs
 
 from .attachments import metadata_tokens
 from .episode import Episode, stored_episode
-from .rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY, json_copy
+from .episode_shapes import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY, json_copy
 from .tokens import Tokenizer
 from .tool_calls import tool_links
 

@@ -52,17 +52,30 @@ even for its own provider. Roles other than ``user``,
 ``assistant``, ``system`` and ``developer`` become ``user`` for OpenAI; for
 Anthropic, ``system`` and ``developer`` episodes join the ``system`` text,
 after the summary.
+
+Reading each episode's shape is in episode_shapes.py; pairing the calls
+with their results, and writing each provider's request, is here.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from .tool_calls import tool_links
+from .episode_shapes import (
+    AGENTS_ITEM_IN_CONTENT_KEY,
+    AGENTS_ITEM_KEY,
+    OPENAI_ROLES,
+    Call,
+    Part,
+    Result,
+    Shape,
+    Text,
+    json_copy,
+    read_shape,
+)
 
 if TYPE_CHECKING:
     from .episode import Episode
@@ -105,68 +118,6 @@ def _system_text(context: Renderable) -> str | None:
 
 #: How the summary's system-level text begins.
 SUMMARY_PREFIX = "Summary of the conversation so far:\n"
-#: Episode metadata key under which the OpenAI Agents SDK adapter keeps an item.
-AGENTS_ITEM_KEY = "openai_agents.item"
-#: Episode metadata key: the adapter kept the item as the episode's content, as JSON.
-AGENTS_ITEM_IN_CONTENT_KEY = "openai_agents.item_in_content"
-
-_OPENAI_ROLES = frozenset({"user", "assistant", "system", "developer"})
-# The fields of a Chat Completions (or Anthropic) message, read from the top level of an episode's metadata.
-_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "refusal", "audio", "function_call")
-# The fields of the Responses items that make or answer tool calls (the same, for the top level).
-_ITEM_FIELDS = (
-    "type",
-    "id",
-    "call_id",
-    "name",
-    "arguments",
-    "input",
-    "output",
-    "status",
-    "action",
-    "operation",
-    "caller",
-    "namespace",
-    "pending_safety_checks",
-    "acknowledged_safety_checks",
-    "server_label",
-    "approval_request_id",
-    "approve",
-    "reason",
-)
-_NESTED_KEYS = ("item", "message", "raw")
-_ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"})
-
-
-@attrs.frozen
-class _Text:
-    role: str
-    text: str
-
-
-@attrs.frozen
-class _Call:
-    call_id: str
-    name: str
-    arguments: str  # JSON text
-
-
-@attrs.frozen
-class _Result:
-    call_id: str
-    output: str
-
-
-_Part = _Text | _Call | _Result
-
-
-@attrs.frozen
-class _Shape:
-    """One episode, read: its native shape (if any) and its provider-neutral parts."""
-
-    kind: str  # "responses", "chat", "anthropic" or "plain"
-    native: dict[str, Any] | None
-    parts: tuple[_Part, ...]
 
 
 def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
@@ -181,11 +132,11 @@ def to_openai_chat(context: Renderable) -> list[dict[str, Any]]:
             _append_chat(messages, native)
             continue
         for part in piece.parts:
-            if isinstance(part, _Text):
+            if isinstance(part, Text):
                 if part.text:
-                    role = part.role if part.role in _OPENAI_ROLES else "user"
+                    role = part.role if part.role in OPENAI_ROLES else "user"
                     messages.append({"role": role, "content": part.text})
-            elif isinstance(part, _Call):
+            elif isinstance(part, Call):
                 tool_call = {
                     "id": part.call_id,
                     "type": "function",
@@ -234,11 +185,11 @@ def to_openai_responses(context: Renderable) -> list[dict[str, Any]]:
             items.append(native)
             continue
         for part in piece.parts:
-            if isinstance(part, _Text):
+            if isinstance(part, Text):
                 if part.text:
-                    role = part.role if part.role in _OPENAI_ROLES else "user"
+                    role = part.role if part.role in OPENAI_ROLES else "user"
                     items.append({"role": role, "content": part.text})
-            elif isinstance(part, _Call):
+            elif isinstance(part, Call):
                 items.append(
                     {"type": "function_call", "call_id": part.call_id, "name": part.name, "arguments": part.arguments}
                 )
@@ -301,14 +252,14 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
             append(native["role"], blocks)
             continue
         for part in piece.parts:
-            if isinstance(part, _Text):
+            if isinstance(part, Text):
                 if not part.text.strip():
                     continue
                 if part.role in ("system", "developer"):
                     system.append(part.text)
                 else:
                     append("assistant" if part.role == "assistant" else "user", [{"type": "text", "text": part.text}])
-            elif isinstance(part, _Call):
+            elif isinstance(part, Call):
                 append(
                     "assistant", [{"type": "tool_use", "id": part.call_id, "name": part.name, "input": _input(part)}]
                 )
@@ -324,8 +275,8 @@ def to_anthropic(context: Renderable) -> dict[str, Any]:
 class _Piece:
     """What the plan renders at one point: some parts of one episode (``whole``: all of them)."""
 
-    shape: _Shape
-    parts: list[_Part]
+    shape: Shape
+    parts: list[Part]
     whole: bool
 
     def native(self, kind: str) -> dict[str, Any] | None:
@@ -349,18 +300,18 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
     closes its exchange: providers refuse a call followed by anything but its
     result. The calls of the last exchange are kept: their results may still come.
     """
-    shapes = [_shape(episode) for episode in episodes]
+    shapes = [read_shape(episode) for episode in episodes]
     call_of: dict[tuple[int, int], tuple[int, int]] = {}  # result (episode, part) -> the call it answers
     result_of: dict[tuple[int, int], tuple[int, int]] = {}  # and back
     open_calls: dict[str, list[tuple[int, int]]] = {}
     for index, shape in enumerate(shapes):
         for number, part in enumerate(shape.parts):
-            if isinstance(part, _Result) and (waiting := open_calls.get(part.call_id)):
+            if isinstance(part, Result) and (waiting := open_calls.get(part.call_id)):
                 call = waiting.pop()
                 call_of[index, number] = call
                 result_of[call] = (index, number)
         for number, part in enumerate(shape.parts):
-            if isinstance(part, _Call):
+            if isinstance(part, Call):
                 open_calls.setdefault(part.call_id, []).append((index, number))
 
     plan: list[_Piece] = []
@@ -374,7 +325,7 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
         piece = _Piece(shape, [shape.parts[n] for n in numbers], len(numbers) == len(shape.parts))
         plan.append(piece)
         for number in numbers:
-            if isinstance(shape.parts[number], _Call):
+            if isinstance(shape.parts[number], Call):
                 pieces_of_call[index, number] = piece
             done.add((index, number))
         return piece
@@ -400,10 +351,10 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
         if not parts:
             render(index, [])  # an item only its own provider reads (reasoning, ...): it changes no exchange
             continue
-        results = [n for n, part in enumerate(parts) if isinstance(part, _Result) and (index, n) not in done]
+        results = [n for n, part in enumerate(parts) if isinstance(part, Result) and (index, n) not in done]
         ours = [n for n in results if call_of.get((index, n)) in exchange]
-        calls = [n for n, part in enumerate(parts) if isinstance(part, _Call)]
-        texts = any(isinstance(part, _Text) and part.text.strip() for part in parts)
+        calls = [n for n, part in enumerate(parts) if isinstance(part, Call)]
+        texts = any(isinstance(part, Text) and part.text.strip() for part in parts)
         if not calls and not texts:
             if ours:
                 render(index, ours)
@@ -420,7 +371,7 @@ def _plan(episodes: tuple[Episode, ...]) -> list[_Piece]:
             # It answers the open exchange in place, and no later result is owed: rendered whole.
             render(index, list(range(len(parts))))
         close(index)
-        rest = [n for n in range(len(parts)) if (index, n) not in done and not isinstance(parts[n], _Result)]
+        rest = [n for n in range(len(parts)) if (index, n) not in done and not isinstance(parts[n], Result)]
         if rest:
             render(index, rest)
         exchange = [(index, n) for n in calls]
@@ -446,7 +397,7 @@ def _has_non_result(message: dict[str, Any]) -> bool:
     return any(block.get("type") != "tool_result" for block in message["content"])
 
 
-def _input(call: _Call) -> dict[str, Any]:
+def _input(call: Call) -> dict[str, Any]:
     try:
         value = json.loads(call.arguments) if call.arguments.strip() else {}
     except ValueError:
@@ -454,216 +405,11 @@ def _input(call: _Call) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def _reuses(shapes: list[_Shape], exchange: list[tuple[int, int]], parts: tuple[_Part, ...]) -> bool:
+def _reuses(shapes: list[Shape], exchange: list[tuple[int, int]], parts: tuple[Part, ...]) -> bool:
     """Whether ``parts`` call an id the open exchange calls already (one message cannot hold it twice)."""
     open_ids = {shapes[index].parts[number].call_id for index, number in exchange}  # type: ignore[union-attr]
-    return any(isinstance(part, _Call) and part.call_id in open_ids for part in parts)
+    return any(isinstance(part, Call) and part.call_id in open_ids for part in parts)
 
 
-def json_copy(value: Any) -> Any:
-    """A copy of JSON data (dicts, lists, scalars) sharing nothing mutable: 3x faster than ``copy.deepcopy``."""
-    if isinstance(value, dict):
-        return {key: json_copy(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [json_copy(item) for item in value]
-    return value
-
-
-def _results_in(parts: tuple[_Part, ...]) -> list[int]:
-    return [number for number, part in enumerate(parts) if isinstance(part, _Result)]
-
-
-def _shape(episode: Episode) -> _Shape:
-    metadata = episode.metadata
-    item = _responses_item(episode)
-    if item is not None:
-        return _Shape("responses", item, tuple(_responses_parts(item)))
-    for key in _NESTED_KEYS:
-        nested = metadata.get(key)
-        if isinstance(nested, dict):
-            shape = _native_shape(nested) or _nested_message(nested, key)
-            if shape is not None:
-                return shape
-    shape = _native_shape(_top_level(episode))
-    if shape is not None:
-        return shape
-    parts: list[_Part] = [_Text(episode.role, episode.content)]
-    links = tool_links(metadata)
-    if links.results:
-        parts = [_Result(call_id, episode.content) for call_id in links.results]
-    parts.extend(_Call(call_id, "tool", "{}") for call_id in links.calls)
-    return _Shape("plain", None, tuple(parts))
-
-
-def _message_shape(message: dict[str, Any]) -> _Shape:
-    if _is_anthropic(message):
-        return _Shape("anthropic", message, tuple(_anthropic_parts(message)))
-    return _Shape("chat", message, tuple(_chat_parts(message)))
-
-
-def _nested_message(nested: dict[str, Any], key: str) -> _Shape | None:
-    """A message or item without tool calls, under ``"item"`` (a Responses item) or ``"message"``."""
-    if key == "item" and (isinstance(nested.get("type"), str) or isinstance(nested.get("role"), str)):
-        return _Shape("responses", nested, tuple(_responses_parts(nested)))
-    if key == "message" and isinstance(nested.get("role"), str):
-        return _message_shape(nested)
-    return None
-
-
-def _native_shape(candidate: dict[str, Any]) -> _Shape | None:
-    """A provider message or item that carries tool calls or results, by its own shape, else ``None``.
-
-    Wherever it sits: a Chat message (``tool_calls``, ``tool_call_id``) is
-    read as one even under ``"item"``, a Responses item (a ``type``) even
-    under ``"message"``. At the top level of the metadata and under ``"raw"``,
-    whose other keys may be anything, only a message or item that links a
-    tool call is read as native, so ordinary metadata stays plain.
-    """
-    if not tool_links(candidate):
-        return None
-    if "tool_calls" in candidate or "tool_call_id" in candidate:
-        return _Shape("chat", candidate, tuple(_chat_parts(candidate))) if "role" in candidate else None
-    if isinstance(candidate.get("role"), str) and "type" not in candidate:
-        return _message_shape(candidate)
-    if isinstance(candidate.get("type"), str):
-        return _Shape("responses", candidate, tuple(_responses_parts(candidate)))
-    return None
-
-
-def _top_level(episode: Episode) -> dict[str, Any]:
-    """The metadata as a provider message or item: memengine's own keys left out.
-
-    A chat message keeps only the fields of a message (``role``, ``content``,
-    ``tool_calls``, ...) and, when it has no ``content``, takes the episode's;
-    an item, only the fields of a tool call's or result's item: the metadata
-    may hold the application's own keys too, which a provider would refuse.
-    """
-    metadata = episode.metadata
-    if isinstance(metadata.get("role"), str) and "type" not in metadata:
-        message = {key: metadata[key] for key in _MESSAGE_FIELDS if key in metadata}
-        if "content" not in message:
-            message["content"] = episode.content or None
-        return message
-    return {key: metadata[key] for key in _ITEM_FIELDS if key in metadata}
-
-
-def _responses_item(episode: Episode) -> dict[str, Any] | None:
-    metadata = episode.metadata
-    item = metadata.get(AGENTS_ITEM_KEY)
-    if item is None and metadata.get(AGENTS_ITEM_IN_CONTENT_KEY):
-        try:
-            item = json.loads(episode.content)
-        except ValueError:
-            item = None
-    if isinstance(item, dict) and (isinstance(item.get("type"), str) or isinstance(item.get("role"), str)):
-        return item
-    return None
-
-
-def is_reasoning(episode: Episode) -> bool:
-    """Whether ``episode`` holds a Responses ``reasoning`` item (as MemEngineSession keeps it, or under ``item``).
-
-    The API takes a reasoning item only together with the item that followed
-    it in the model's output, and refuses that item without it: the window
-    keeps a reasoning item and the item after it together.
-    """
-    metadata = episode.metadata
-    if not metadata or _REASONING_KEYS.isdisjoint(metadata):
-        return False  # (the usual case: one C-level pass)
-    for key in _REASONING_NESTED_KEYS:
-        nested = metadata.get(key)
-        if isinstance(nested, dict):
-            return nested.get("type") == "reasoning"
-    if metadata.get(AGENTS_ITEM_IN_CONTENT_KEY) and '"reasoning"' in episode.content:
-        item = _responses_item(episode)  # a large item kept as JSON in the content
-        return item is not None and item.get("type") == "reasoning"
-    return metadata.get("type") == "reasoning"
-
-
-_REASONING_NESTED_KEYS = (AGENTS_ITEM_KEY, "item", "raw")
-_REASONING_KEYS = frozenset({*_REASONING_NESTED_KEYS, AGENTS_ITEM_IN_CONTENT_KEY, "type"})
-
-
-def _is_anthropic(message: Mapping[str, Any]) -> bool:
-    content = message.get("content")
-    if "tool_calls" in message or "tool_call_id" in message or not isinstance(content, list):
-        return False
-    return any(
-        isinstance(block, dict)
-        and isinstance(kind := block.get("type"), str)
-        and (kind in _ANTHROPIC_ONLY_BLOCKS or kind.endswith("_tool_use") or kind.endswith("_tool_result"))
-        for block in content
-    )
-
-
-def _responses_parts(item: dict[str, Any]) -> list[_Part]:
-    kind = item.get("type")
-    if isinstance(item.get("role"), str) and kind in (None, "message"):
-        return [_Text(item["role"], _text_of(item.get("content")))]
-    links = tool_links({"item": item})
-    if kind == "function_call" and links.calls:
-        return [_Call(links.calls[0], str(item.get("name", "tool")), _arguments(item.get("arguments")))]
-    if links.calls:
-        rest = {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
-        name = item.get("name")
-        return [_Call(links.calls[0], name if isinstance(name, str) else str(kind), json.dumps(rest))]
-    if links.results:
-        return [_Result(call_id, _text_of(item.get("output"))) for call_id in links.results]
-    return []  # reasoning and the like: nothing another provider (or a plain message) can carry
-
-
-def _chat_parts(message: dict[str, Any]) -> list[_Part]:
-    role = message["role"]
-    call_id = message.get("tool_call_id")
-    if isinstance(call_id, str):
-        return [_Result(call_id, _text_of(message.get("content")))]
-    parts: list[_Part] = [_Text(role, _text_of(message.get("content")))]
-    for tool_call in message.get("tool_calls") or []:
-        if isinstance(tool_call, dict) and isinstance(tool_call.get("id"), str):
-            function = tool_call.get("function")
-            if not isinstance(function, dict):
-                function = {}
-            parts.append(
-                _Call(tool_call["id"], str(function.get("name", "tool")), _arguments(function.get("arguments")))
-            )
-    return parts
-
-
-def _anthropic_parts(message: dict[str, Any]) -> list[_Part]:
-    role = message["role"]
-    parts: list[_Part] = []
-    for block in message.get("content") or []:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
-            parts.append(_Text(role, block["text"]))
-        elif kind == "tool_use" and isinstance(block.get("id"), str):
-            parts.append(_Call(block["id"], str(block.get("name", "tool")), json.dumps(block.get("input", {}))))
-        elif kind == "tool_result" and isinstance(block.get("tool_use_id"), str):
-            parts.append(_Result(block["tool_use_id"], _text_of(block.get("content"))))
-    return parts
-
-
-def _arguments(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value if value is not None else {})
-
-
-def _text_of(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = []
-        for part in value:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict):
-                text = part.get("text", part.get("refusal"))
-                if isinstance(text, str):
-                    texts.append(text)
-        return "\n".join(texts)
-    if value is None:
-        return ""
-    return json.dumps(value)
+def _results_in(parts: tuple[Part, ...]) -> list[int]:
+    return [number for number, part in enumerate(parts) if isinstance(part, Result)]

@@ -96,8 +96,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .. import rendering
 from ..episode import Episode, encode_json, with_private_metadata
+from ..episode_shapes import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY, json_copy
 from ..limits import MAX_ROLE_CHARS
-from ..rendering import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY
 from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
 
 if TYPE_CHECKING:
@@ -272,7 +272,7 @@ class MemEngineSession:
 def _item_of(episode: Episode) -> dict[str, Any]:
     item = episode.metadata.get(ITEM_KEY)
     if isinstance(item, dict):
-        return rendering.json_copy(item)
+        return json_copy(item)
     if episode.metadata.get(ITEM_IN_CONTENT_KEY):
         return json.loads(episode.content)
     # An episode some other writer added to this session: show it as a plain message.

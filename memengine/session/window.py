@@ -62,7 +62,7 @@ from ..attachments import counting_attachments, metadata_tokens
 from ..clipping import ToolClipping, clip_episode, clipped_tokens
 from ..config import SessionConfig
 from ..episode import Episode
-from ..rendering import is_reasoning
+from ..episode_shapes import is_reasoning
 from ..tokens import Tokenizer, checked, estimate_tokens
 from ..tool_calls import NO_LINKS, ToolLinks, tool_links
 
