@@ -19,7 +19,7 @@ upgraded keep restarting, and rolling back stays possible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import StoreError
 
@@ -45,3 +45,16 @@ def check_newer(version: int, lowest: int | None, understood: int) -> None:
         f"and is not compatible with it (compatible from version {lowest if lowest is not None else version}); "
         "upgrade memengine"
     )
+
+
+def check_readable_version(version: int, lowest: Callable[[], int | None], understood: int, behind: str) -> None:
+    """For a read-only opening (either backend): refuse a schema behind this code, or newer beyond its window.
+
+    ``behind`` is the error for a schema to migrate first (read-only never
+    migrates); ``lowest`` reads the schema's ``compatible_from``, asked only
+    for a newer schema.
+    """
+    if version < understood:
+        raise StoreError(behind)
+    if version > understood:
+        check_newer(version, lowest(), understood)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import StoreError
-from ..schema_window import check_newer
+from ..schema_window import check_readable_version
 from .schema import SCHEMA_VERSION, read_state
 
 
@@ -22,10 +22,10 @@ def check_readable(conn: Any) -> None:
             f"schema {schema} has no memengine tables; name the schema that holds them in the URL "
             "(?options=-csearch_path%3D<schema>) (this command never creates them)"
         )
-    if state.version < SCHEMA_VERSION:
-        raise StoreError(
-            f"the schema is at version {state.version} and this memengine reads version {SCHEMA_VERSION}: "
-            "run `memengine migrate URL` first (it only adds)"
-        )
-    if state.version > SCHEMA_VERSION:
-        check_newer(state.version, state.compatible_from, SCHEMA_VERSION)
+    check_readable_version(
+        state.version,
+        lambda: state.compatible_from,
+        SCHEMA_VERSION,
+        f"the schema is at version {state.version} and this memengine reads version {SCHEMA_VERSION}: "
+        "run `memengine migrate URL` first (it only adds)",
+    )

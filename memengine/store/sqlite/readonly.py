@@ -16,8 +16,8 @@ import sqlite3
 from pathlib import Path
 
 from ...errors import StoreError
-from ..schema_window import check_newer
-from .schema import SCHEMA_VERSION
+from ..schema_window import check_readable_version
+from .schema import SCHEMA_VERSION, recorded_compatible_from
 
 #: The tables every memengine SQLite store has had since its first version.
 MEMENGINE_TABLES = frozenset({"sessions", "episodes", "summaries"})
@@ -39,13 +39,13 @@ def connect(path: str) -> sqlite3.Connection:
         if not MEMENGINE_TABLES <= tables:
             raise no_tables(path, "an empty file" if location.stat().st_size == 0 else "another SQLite database")
         (version,) = conn.execute("PRAGMA user_version").fetchone()
-        if version < SCHEMA_VERSION:
-            raise StoreError(
-                f"the SQLite store {path} is at schema version {version} and this memengine reads version "
-                f"{SCHEMA_VERSION}: run `memengine migrate {path}` first (it only adds)"
-            )
-        if version > SCHEMA_VERSION:
-            check_newer(version, _compatible_from(conn, version), SCHEMA_VERSION)
+        check_readable_version(
+            version,
+            lambda: recorded_compatible_from(conn, version),
+            SCHEMA_VERSION,
+            f"the SQLite store {path} is at schema version {version} and this memengine reads version "
+            f"{SCHEMA_VERSION}: run `memengine migrate {path}` first (it only adds)",
+        )
     except BaseException:
         conn.close()
         raise
@@ -58,11 +58,3 @@ def no_tables(path: str, what: str) -> StoreError:
         f"{path} has no memengine tables ({what}); give the path of a store an engine has written "
         "(this command never creates one)"
     )
-
-
-def _compatible_from(conn: sqlite3.Connection, version: int) -> int | None:
-    row = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'memengine_schema'")
-    if row.fetchone()[0] == 0:
-        return None
-    (back,) = conn.execute("SELECT compatible_back FROM memengine_schema WHERE id = 1").fetchone() or (None,)
-    return None if back is None else version - int(back)

@@ -223,10 +223,10 @@ def migrate(conn: sqlite3.Connection) -> tuple[int, int]:
     try:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
-            check_newer(version, _compatible_from(conn, version), SCHEMA_VERSION)
+            check_newer(version, recorded_compatible_from(conn, version), SCHEMA_VERSION)
             conn.execute("COMMIT")
             return version, version
-        if version < SCHEMA_VERSION or _compatible_from(conn, version) != lowest:
+        if version < SCHEMA_VERSION or recorded_compatible_from(conn, version) != lowest:
             db = sqlite_utils.Database(conn)
             for migration in MIGRATIONS[version:]:
                 migration(db)
@@ -244,7 +244,8 @@ def migrate(conn: sqlite3.Connection) -> tuple[int, int]:
     return version, SCHEMA_VERSION
 
 
-def _compatible_from(conn: sqlite3.Connection, version: int) -> int | None:
+def recorded_compatible_from(conn: sqlite3.Connection, version: int) -> int | None:
+    """The ``compatible_from`` the database records (None: not recorded, so only code of its version)."""
     exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memengine_schema'").fetchone()
     if exists is None:
         return None
