@@ -1,7 +1,7 @@
 """Sessions whose owner died: released once nothing is left to do for them.
 
 A process that dies leaves its leases held, and they expire. Every engine
-sweeps such orphaned sessions every ``lease_ttl`` (engine.py): their
+sweeps such orphaned sessions every ``lease_ttl`` (engine/owner_watch.py): their
 un-retained tails go to the outbox and their overflowing windows are
 summarized (by activating them, which takes and later releases the lease).
 What needs nothing more is released here, so each dead lease is visited a few

@@ -1,6 +1,6 @@
 """The PostgreSQL store: for several processes (or machines) serving the same sessions.
 
-The operations and the committer are shared with SQLite (committer.py,
+The operations and the committer are shared with SQLite (operations.py, committer.py,
 journal.py, outbox.py, leases.py): group commit on one write connection per
 process, reads on a second, psycopg 3's blocking driver run in worker
 threads, so it works the same under asyncio and trio. Lease renewals get a

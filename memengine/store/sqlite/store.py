@@ -1,8 +1,9 @@
 """The embedded SQLite store (the default): one file, WAL mode, group commit.
 
-The operations and the committer are shared with PostgreSQL (committer.py,
-journal.py, outbox.py, leases.py); this module connects, inserts a run of
-appends with one ``executemany``, and searches with FTS5 (recall.py).
+The operations and the committer are shared with PostgreSQL (operations.py, committer.py,
+journal.py, outbox.py, leases.py); this module opens the store (connecting
+through connection.py), inserts a run of appends with one ``executemany``, and
+searches with FTS5 (recall.py).
 Several processes on one machine may share the file: each write transaction
 takes SQLite's write lock (``BEGIN IMMEDIATE``, waiting up to the busy
 timeout), and session leases keep each session to one process.
