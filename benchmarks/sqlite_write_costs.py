@@ -6,7 +6,7 @@
    committer therefore writes without one (store/committer.py, _run_together).
 2. Recall's full-text index (FTS5) caught up in steps of N rows: each step is
    a transaction that writes a new index segment and merges old ones, so the
-   cost per row falls as steps grow (store/sqlite/store.py, RECALL_INDEX_EVERY).
+   cost per row falls as steps grow (store/sqlite.py, RECALL_INDEX_EVERY).
 
 Each measurement runs on a fresh database file, in rounds that alternate the
 order of the variants; medians are reported (the machine is shared and noisy).
@@ -29,8 +29,9 @@ import anyio
 from throughput import EVICTING_CHARS, build_episodes, session_id
 
 from memengine import open_engine
-from memengine.store import journal, sqlite_recall
+from memengine.store import journal
 from memengine.store.dialect import Db, sqlite_dialect
+from memengine.store.sqlite import recall as sqlite_recall
 
 STEPS = (300, 1000, 2000, 5000)
 
