@@ -39,6 +39,7 @@ import attrs
 from ..actor.mailbox import Mailbox
 from ..config import SessionConfig
 from ..context import Context, Omitted, handed_out
+from ..episode import Episode
 from ..errors import EngineClosedError, LeaseLostError, MemEngineError, SessionBusyError, StoreError
 from ..store.base import AppendResult, SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
@@ -47,6 +48,7 @@ from ..telemetry import NO_TELEMETRY, Telemetry
 from ..tokens import count_large
 from .add_batch import AddBatch
 from .hand_on import HandOn, NotHandled
+from .large_entry import LargeEntry, is_large
 from .lease import SessionLease, means_reload
 from .messages import (
     AddEpisodes,
@@ -54,6 +56,7 @@ from .messages import (
     ClientMessage,
     CloseSession,
     DeleteEpisodes,
+    EnterStored,
     ForgetSession,
     HandOver,
     LeaseLost,
@@ -142,6 +145,7 @@ class SessionActor:
         self._idle = False  # waiting for mail: an add may then be handled in its sender's task (receive)
         self._append_in_flight = False
         self._append_settled: anyio.Event | None = None  # made only when a handler must wait for it
+        self._entering: LargeEntry | None = None  # a large append stored, entering the window (large_entry.py)
         # Passivation: decided from the engine's ticks, so the hot path reads no clock.
         self._active_since_tick = True
         self._quiet_since: float | None = None
@@ -224,6 +228,9 @@ class SessionActor:
         can reach this activation after the decision. Calling it again does nothing.
         """
         self._on_stop(self)
+        entering, self._entering = self._entering, None
+        if entering is not None:
+            entering.answer(self._answer)  # stored: its callers are answered, whatever the window became
         unanswered: list[Any] = [*self._handing_on.take_kept(), *self._waiting.take_all(), *self.mailbox.close()]
         if self._given_up is not None:
             # Given up, not failed: what this activation never handled, a new one handles.
@@ -314,6 +321,9 @@ class SessionActor:
             case LeaseLost():
                 self._give_up(message.error)
                 return
+            case EnterStored():
+                await self._enter_stored()
+                return
         self._client_activity()
         try:
             match message:
@@ -401,17 +411,46 @@ class SessionActor:
                     continue
                 self._fail(message, error or StoreError("the append was not stored"))
             return
+        if is_large(results):
+            # Entered a slice at a time by the actor (large_entry.py): in flight until then.
+            self._append_in_flight = True
+            entry = LargeEntry(batch, results)
+            if self.mailbox.put_if_open(EnterStored()):  # (it wakes the actor if it is idle)
+                self._entering = entry
+                return
+            self._append_in_flight = False  # the activation has stopped: its window is no more
+            entry.answer(self._answer)
+            return
         new = [episode for episode, is_new in results if is_new]
-        window = self._window
         if new:
-            window.append(new)
-            self._last_seq = new[-1].seq  # type: ignore[assignment]
-            if window.evicted:
-                self._keep_boundary()
+            self._window.append(new)
         # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
         for message, own in batch.split(results):
             self._answer(message, handed_out(tuple([episode for episode, _ in own])))  # the window keeps its own
+        self._entered(new)
+
+    async def _enter_stored(self) -> None:
+        """Enter a large append's episodes into the window, a slice at a time; then answer its callers."""
+        entry = self._entering
+        if entry is None:
+            return
+        for _ in entry.slices(self._window):
+            await anyio.lowlevel.checkpoint()  # the engine's other tasks run between two slices
+        self._entering = None
+        self._append_in_flight = False
+        settled, self._append_settled = self._append_settled, None
+        if settled is not None:
+            settled.set()
+        entry.answer(self._answer)
+        self._entered(entry.new)
+
+    def _entered(self, new: list[Episode]) -> None:
+        """The follow-ups of episodes now in the window: the eviction boundary, the summary, the retain batch."""
+        window = self._window
         if new:
+            self._last_seq = new[-1].seq  # type: ignore[assignment]
+            if window.evicted:
+                self._keep_boundary()
             if window.evicted and not self._summary.busy:  # (what dispatch checks first, asked here per add)
                 self._dispatch_summary()
             if self._retain is not None:
@@ -576,6 +615,9 @@ class SessionActor:
     async def _settle_append(self) -> None:
         """Wait for this session's append in flight; hand the message on if the session was given up meanwhile."""
         while self._append_in_flight:
+            if self._entering is not None:
+                await self._enter_stored()  # stored already: the rest is this actor's own work
+                continue
             if self._append_settled is None:
                 self._append_settled = anyio.Event()
             await self._append_settled.wait()
