@@ -53,6 +53,7 @@ until its lease may have expired (``ttl`` after it last asked for it).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -100,11 +101,18 @@ _EMITTING = threading.Lock()
 
 
 def emit(**record: Any) -> None:
-    """One JSON line on stdout, written whole: records printed from the store's threads never interleave."""
-    line = json.dumps(record) + "\n"
+    """One JSON line on stdout, written whole: records printed from the store's threads never interleave.
+
+    Written with os.write, every byte accounted for: through ``sys.stdout``, a
+    long line (over the pipe's 64 KB) written while the test paused the process
+    (SIGSTOP, SIGCONT) lost bytes in the middle, and the test's reader got a
+    garbled record (reproduced beside the worker: 108 of 47,548 lines of 70 KB;
+    none with os.write).
+    """
+    data = memoryview((json.dumps(record) + "\n").encode())
     with _EMITTING:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+        while data:
+            data = data[os.write(1, data) :]
 
 
 TAG = "#by="
@@ -208,11 +216,12 @@ TRAP = FreezeTrap() if os.environ.get("MEMENGINE_TEST_FREEZE_IN_TRANSACTION") ==
 
 def log_leases(store: Any) -> None:
     """Record every lease taken and given up (times are the wall clock, shared by the processes)."""
-    activate, renew, release, release_all = (
+    activate, renew, release, release_all, keep_alive = (
         store.activate,
         store.renew_leases,
         store.release_lease,
         store.release_leases,
+        store.keep_alive,
     )
 
     async def logged_activate(session_id: str, ttl: float):
@@ -237,8 +246,30 @@ def log_leases(store: Any) -> None:
         emit(op="lease", event="released_all", at=time.time())  # every activation has stopped
         await release_all()
 
+    async def logged_keep_alive() -> bool:
+        held = await keep_alive()
+        log_alive(store)
+        return held
+
     store.activate, store.renew_leases = logged_activate, logged_renew
     store.release_lease, store.release_leases = logged_release, logged_release_all
+    store.keep_alive = logged_keep_alive
+    emit(op="lease", event="alive", at=time.time(), until=None)  # a new process: no earlier one's bound holds
+    log_alive(store)
+
+
+def log_alive(store: Any) -> None:
+    """Until when this process answers reads from memory without renewing first, as its last heartbeat left it.
+
+    A session's lease is counted on only while both it and the process's own
+    proof of life are (session/lease.py, ``store.alive_until()``); past that,
+    a read renews the lease first, and is answered at the renewal, or refused.
+    ``None``: no bound (no liveness, or taken for dead: then every read renews
+    first, and counting it unbounded only makes the check stricter).
+    """
+    until = store.alive_until()
+    wall = None if not math.isfinite(until) else time.time() + (until - anyio.current_time())
+    emit(op="lease", event="alive", at=time.time(), until=wall)
 
 
 def context_record(session_id: str, context: Any) -> dict[str, Any]:

@@ -97,11 +97,19 @@ class FaultWorker:
         self.wait_for("ready", timeout=30)
 
     def _read_stdout(self) -> None:
-        for line in self.process.stdout:  # type: ignore[union-attr]
-            record = json.loads(line)
-            self.records.append(record)
-            self._lines.put(record)
-        self._lines.put(None)
+        try:
+            for line in self.process.stdout:  # type: ignore[union-attr]
+                if not line.endswith("\n"):
+                    break  # killed in the middle of printing a record: its last line is cut short, and unsaid
+                try:
+                    record = json.loads(line)
+                except ValueError as exc:
+                    self._stderr.append(f"[test] unreadable record from {self.name}: {exc}: {line[:300]!r}\n")
+                    raise
+                self.records.append(record)
+                self._lines.put(record)
+        finally:
+            self._lines.put(None)  # whatever happened, nobody waits for records that will not come
 
     def _read_stderr(self) -> None:
         for line in self.process.stderr:  # type: ignore[union-attr]
@@ -712,6 +720,11 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(forked["pid"], signal.SIGKILL)
     fault_log = "; ".join(faults)
+    # Kept for a failure's diagnosis (pytest keeps the last runs' tmp_path): every process's records, in order.
+    with (tmp_path / "records.jsonl").open("w") as kept:
+        for name, rs in records.items():
+            kept.writelines(json.dumps({"process": name, **r}) + "\n" for r in rs)
+    fault_log += f" (records: {tmp_path / 'records.jsonl'})"
     everything = [r for rs in records.values() for r in rs]
     acks = [r for r in everything if r["op"] == "ack"]
     doubts = {r["id"]: r for r in everything if r["op"] == "doubt"}

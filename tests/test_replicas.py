@@ -165,26 +165,37 @@ def lease_overlaps(records_by_process: dict[str, list[dict[str, Any]]]) -> list[
     after it last asked for the lease to be taken or renewed, whichever comes
     first. (The database's own lease interval is a little wider: it holds
     from the commit inside ``activate`` to the commit of the release.)
+
+    Within that, it answers from memory only while its own proof of life holds
+    too (``alive`` lease records: ``store.alive_until()`` after each heartbeat; see
+    session/lease.py); past it, a read renews the lease first and is answered
+    as of that renewal (counted at the moment it was asked for: the store
+    confirmed the lease after it, before any other process could take it).
+    Where a process logged no ``alive`` record, the proof of life is unbounded.
     """
     taken: dict[tuple[str, int], tuple[str, float]] = {}
-    confirmed: dict[tuple[str, int], float] = {}
+    confirmations: dict[tuple[str, int], list[float]] = defaultdict(list)
     ttls: dict[tuple[str, int], float] = {}
     released: dict[tuple[str, int], float] = {}
     released_all: dict[str, float] = {}
+    alive: dict[str, list[tuple[float, float]]] = defaultdict(list)  # process -> (at, until), in time order
     for name, records in records_by_process.items():
         for r in records:
             if r["op"] != "lease":
                 continue
-            if r["event"] == "taken":
+            if r["event"] == "alive":
+                alive[name].append((r["at"], math.inf if r["until"] is None else r["until"]))
+            elif r["event"] == "taken":
                 lease = (r["session"], r["token"])
                 taken[lease] = (name, r["at"])
-                confirmed[lease], ttls[lease] = r["asked_at"], r["ttl"]
+                confirmations[lease].append(r["asked_at"])
+                ttls[lease] = r["ttl"]
             elif r["event"] == "renewed":
                 for session, token in r["leases"]:
-                    confirmed[(session, token)] = max(confirmed[(session, token)], r["asked_at"])
+                    confirmations[(session, token)].append(r["asked_at"])
             elif r["event"] == "released":
                 released[(r["session"], r["token"])] = r["at"]
-            else:
+            elif r["event"] == "released_all":
                 released_all[name] = r["at"]
     problems = []
     by_session: dict[str, list[int]] = defaultdict(list)
@@ -201,11 +212,67 @@ def lease_overlaps(records_by_process: dict[str, list[dict[str, Any]]]) -> list[
             end = min(
                 released.get(lease, math.inf),
                 released_all.get(owner, math.inf),
-                confirmed[lease] + ttls[lease],
+                serving_end(sorted(confirmations[lease]), ttls[lease], alive[owner]),
             )
             if end > next_at:
                 problems.append(f"{session}: {owner} (token {earlier}) until {end}, {next_owner} from {next_at}")
     return problems
+
+
+def serving_end(confirmed: list[float], ttl: float, alive: list[tuple[float, float]]) -> float:
+    """The last moment a lease confirmed at ``confirmed`` (sorted) may have been served from memory.
+
+    From each confirmation, for ``ttl`` (or until the next one), while the
+    process's proof of life holds: ``alive`` lists each heartbeat's
+    ``(at, until)``, and the last one before a moment is in force then. Each
+    confirmation itself is a moment served.
+    """
+    end = confirmed[-1]
+    heartbeats = sorted(alive)
+    for start, next_start in zip(confirmed, [*confirmed[1:], math.inf], strict=True):
+        stop = min(start + ttl, next_start)
+        cursor, in_force = start, math.inf
+        for at, until in heartbeats:
+            if at <= start:
+                in_force = until
+                continue
+            if at >= stop:
+                break
+            if min(at, in_force) > cursor:
+                end = max(end, min(at, in_force))
+            cursor, in_force = at, until
+        if min(stop, in_force) > cursor:
+            end = max(end, min(stop, in_force))
+    return end
+
+
+def test_the_single_owner_check_counts_a_lease_served_while_both_it_and_its_owners_proof_of_life_hold() -> None:
+    """The check the replica tests rest on: it must see an overlap wherever the engine could have served one."""
+
+    def taken(session: str, token: int, at: float) -> dict[str, Any]:
+        return {"op": "lease", "event": "taken", "session": session, "token": token, "at": at, "asked_at": at, "ttl": 2}
+
+    def renewed(session: str, token: int, at: float) -> dict[str, Any]:
+        return {"op": "lease", "event": "renewed", "leases": [[session, token]], "asked_at": at, "ttl": 2}
+
+    def alive(at: float, until: float | None) -> dict[str, Any]:
+        return {"op": "lease", "event": "alive", "at": at, "until": until}
+
+    b_takes = {"b": [taken("s", 2, 11.5)]}
+    # No proof of life logged: the lease counts for its ttl (until 12).
+    assert len(lease_overlaps({"a": [taken("s", 1, 10.0)], **b_takes})) == 1
+    # Its proof of life lapsed at 11 (reads renew first from then): nothing served after 11.
+    assert lease_overlaps({"a": [alive(9.0, 11.0), taken("s", 1, 10.0)], **b_takes}) == []
+    # A renewal at 11.2 is a moment served, and still before b took it.
+    assert lease_overlaps({"a": [alive(9.0, 11.0), taken("s", 1, 10.0), renewed("s", 1, 11.2)], **b_takes}) == []
+    # ...but a heartbeat at 11.3 that proved it alive again makes the lease count again: an overlap.
+    a = [alive(9.0, 11.0), taken("s", 1, 10.0), renewed("s", 1, 11.2), alive(11.3, 14.0)]
+    assert len(lease_overlaps({"a": a, **b_takes})) == 1
+    # Taken for dead (no bound logged) counts as unbounded: the stricter reading.
+    assert len(lease_overlaps({"a": [alive(9.0, 11.0), taken("s", 1, 10.0), alive(10.5, None)], **b_takes})) == 1
+    # A release ends it whatever else holds.
+    a = [taken("s", 1, 10.0), {"op": "lease", "event": "released", "session": "s", "token": 1, "at": 11.0}]
+    assert lease_overlaps({"a": a, **b_takes}) == []
 
 
 def retain_problems(

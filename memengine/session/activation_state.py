@@ -22,7 +22,8 @@ from ..errors import EngineClosedError, LeaseLostError
 from ..store.base import SessionSnapshot, Store
 from ..summarizer.actor import SummarizerActor
 from ..tokens import count_large
-from .hand_on import HandOn, NotHandled
+from .hand_on import HandOn
+from .large_entry import LargeEntry
 from .lease import SessionLease
 from .messages import (
     ClientMessage,
@@ -67,6 +68,7 @@ class ActivationState:
     _idle: bool
     _append_in_flight: bool
     _append_settled: anyio.Event | None
+    _entering: LargeEntry | None
     _active_since_tick: bool
     _quiet_since: float | None
     _idle_expired: bool
@@ -148,15 +150,6 @@ class ActivationState:
 
     def _acknowledged_seq(self) -> int:
         return self._last_seq
-
-    async def _settle_append(self) -> None:
-        """Wait for this session's append in flight; hand the message on if the session was given up meanwhile."""
-        while self._append_in_flight:
-            if self._append_settled is None:
-                self._append_settled = anyio.Event()
-            await self._append_settled.wait()
-        if self._given_up is not None:
-            raise NotHandled
 
     def _dispatch_summary(self) -> None:
         self._summary.dispatch(self._window, self._lease.current())

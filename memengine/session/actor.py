@@ -45,6 +45,7 @@ from ..summarizer.protocol import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry
 from .client_handlers import ClientHandlers
 from .hand_on import HandOn, NotHandled
+from .large_entry import LargeEntry
 from .lease import SessionLease, means_reload
 from .messages import (
     AddEpisodes,
@@ -52,6 +53,7 @@ from .messages import (
     ClientMessage,
     CloseSession,
     DeleteEpisodes,
+    EnterStored,
     ForgetSession,
     HandOver,
     LeaseLost,
@@ -142,6 +144,7 @@ class SessionActor(ClientHandlers):
         self._idle = False  # waiting for mail: an add may then be handled in its sender's task (receive)
         self._append_in_flight = False
         self._append_settled: anyio.Event | None = None  # made only when a handler must wait for it
+        self._entering: LargeEntry | None = None  # a large append stored, entering the window (large_entry.py)
         # Passivation: decided from the engine's ticks, so the hot path reads no clock.
         self._active_since_tick = True
         self._quiet_since: float | None = None
@@ -207,6 +210,9 @@ class SessionActor(ClientHandlers):
         can reach this activation after the decision. Calling it again does nothing.
         """
         self._on_stop(self)
+        entering, self._entering = self._entering, None
+        if entering is not None:
+            entering.answer(self._answer)  # stored: its callers are answered, whatever the window became
         unanswered: list[Any] = [*self._handing_on.take_kept(), *self._waiting.take_all(), *self.mailbox.close()]
         if self._given_up is not None:
             # Given up, not failed: what this activation never handled, a new one handles.
@@ -296,6 +302,9 @@ class SessionActor(ClientHandlers):
                 return
             case LeaseLost():
                 self._give_up(message.error)
+                return
+            case EnterStored():
+                await self._enter_stored()
                 return
         self._client_activity()
         try:

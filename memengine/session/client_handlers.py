@@ -11,17 +11,24 @@ import functools
 import logging
 from collections.abc import Sequence
 
+import anyio
+import anyio.lowlevel
+
 from ..context import handed_out
+from ..episode import Episode
 from ..errors import LeaseLostError, StoreError
 from ..store.base import AppendResult
 from .activation_state import ActivationState
 from .add_batch import AddBatch
+from .hand_on import NotHandled
+from .large_entry import LargeEntry, is_large
 from .lease import means_reload
 from .messages import (
     AddEpisodes,
     ClearSession,
     CloseSession,
     DeleteEpisodes,
+    EnterStored,
     ForgetSession,
     ReadContext,
     RetrySummary,
@@ -84,17 +91,46 @@ class ClientHandlers(ActivationState):
                     continue
                 self._fail(message, error or StoreError("the append was not stored"))
             return
+        if is_large(results):
+            # Entered a slice at a time by the actor (large_entry.py): in flight until then.
+            self._append_in_flight = True
+            entry = LargeEntry(batch, results)
+            if self.mailbox.put_if_open(EnterStored()):  # (it wakes the actor if it is idle)
+                self._entering = entry
+                return
+            self._append_in_flight = False  # the activation has stopped: its window is no more
+            entry.answer(self._answer)
+            return
         new = [episode for episode, is_new in results if is_new]
-        window = self._window
         if new:
-            window.append(new)
-            self._last_seq = new[-1].seq  # type: ignore[assignment]
-            if window.evicted:
-                self._keep_boundary()
+            self._window.append(new)
         # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
         for message, own in batch.split(results):
             self._answer(message, handed_out(tuple([episode for episode, _ in own])))  # the window keeps its own
+        self._entered(new)
+
+    async def _enter_stored(self) -> None:
+        """Enter a large append's episodes into the window, a slice at a time; then answer its callers."""
+        entry = self._entering
+        if entry is None:
+            return
+        for _ in entry.slices(self._window):
+            await anyio.lowlevel.checkpoint()  # the engine's other tasks run between two slices
+        self._entering = None
+        self._append_in_flight = False
+        settled, self._append_settled = self._append_settled, None
+        if settled is not None:
+            settled.set()
+        entry.answer(self._answer)
+        self._entered(entry.new)
+
+    def _entered(self, new: list[Episode]) -> None:
+        """The follow-ups of episodes now in the window: the eviction boundary, the summary, the retain batch."""
+        window = self._window
         if new:
+            self._last_seq = new[-1].seq  # type: ignore[assignment]
+            if window.evicted:
+                self._keep_boundary()
             if window.evicted and not self._summary.busy:  # (what dispatch checks first, asked here per add)
                 self._dispatch_summary()
             if self._retain is not None:
@@ -182,3 +218,15 @@ class ClientHandlers(ActivationState):
     async def _on_retry_summary(self, message: RetrySummary) -> None:
         await self._settle_append()
         message.reply.set(await self._summary_results.retry())  # an operator's call: not recorded (see RetrySummary)
+
+    async def _settle_append(self) -> None:
+        """Wait for this session's append in flight; hand the message on if the session was given up meanwhile."""
+        while self._append_in_flight:
+            if self._entering is not None:
+                await self._enter_stored()  # stored already: the rest is this actor's own work
+                continue
+            if self._append_settled is None:
+                self._append_settled = anyio.Event()
+            await self._append_settled.wait()
+        if self._given_up is not None:
+            raise NotHandled

@@ -20,6 +20,7 @@ from ..errors import EngineClosedError, SessionClosedError
 from ..limits import require_seq
 from ..telemetry import NO_OPERATION, Telemetry
 from ..tokens import count_large, large_batch
+from .large_entry import ENTER_SLICE
 from .messages import AddEpisodes, ClearSession, ClientMessage, CloseSession, DeleteEpisodes, ReadContext
 from .window import tokenizer_of
 
@@ -112,22 +113,36 @@ class Session:
 
     def _add(self, episodes: Iterable[Episode], snapshot: bool) -> Awaitable[tuple[Episode, ...]]:
         """The add's request, its argument checked (a plain function: no coroutine of its own per add)."""
-        batch = _checked_batch(_episodes_argument(episodes), self._engine.config, snapshot)
+        batch = _episodes_argument(episodes)
+        if len(batch) > ENTER_SLICE:  # checked a slice at a time, like the window takes it (large_entry.py)
+            return self._add_large(batch, None, snapshot)
+        batch = _checked_batch(batch, self._engine.config, snapshot)
         if not batch:
             return self._nothing_to_do(())
         contents = [episode.content for episode in batch]
         if large_batch(contents):  # many or long contents
-            return self._add_large(batch, contents)
+            return self._add_large(batch, contents, snapshot)
         return self._request(AddEpisodes, batch)
 
-    async def _add_large(self, batch: tuple[Episode, ...], contents: list[str]) -> tuple[Episode, ...]:
-        """An add with a large content: its tokens are counted here, in a worker thread, not by the actor.
+    async def _add_large(
+        self, batch: tuple[Episode, ...], contents: list[str] | None, snapshot: bool
+    ) -> tuple[Episode, ...]:
+        """A large add: its tokens are counted here, long contents in a worker thread, not by the actor.
 
         The session's actor counts each episode as it enters the window, on the
         event loop; for a large content (a long tool output) that could stall
-        every session, so the caller counts it beforehand. If cancelled while
-        counting, nothing was sent.
+        every session, so the caller counts it beforehand. Many episodes
+        (``contents`` None) are checked and copied first, a slice at a time
+        with the engine's other tasks running in between. If cancelled before
+        it is sent, nothing was sent.
         """
+        if contents is None:
+            checked: list[Episode] = []
+            for start in range(0, len(batch), ENTER_SLICE):
+                checked += _checked_batch(batch[start : start + ENTER_SLICE], self._engine.config, snapshot)
+                await anyio.lowlevel.checkpoint()
+            batch = tuple(checked)
+            contents = [episode.content for episode in batch]
         count = tokenizer_of(self._engine.config, self._id)
         counted = await count_large(count, contents)
         result: tuple[Episode, ...] = await self._request(

@@ -105,5 +105,10 @@ class LeaseLost:
     error: BaseException
 
 
+@attrs.frozen(eq=False)
+class EnterStored:
+    """From the actor's own append completion: a large append is stored; enter it into the window (large_entry.py)."""
+
+
 ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | ForgetSession | CloseSession | RetrySummary
-SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick | HandOver | LeaseLost
+SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick | HandOver | LeaseLost | EnterStored

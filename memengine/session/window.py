@@ -234,8 +234,12 @@ class RawWindow:
         if not self._fits(self._budget):
             self._evict(self._chunk_start())
 
-    def append(self, episodes: Iterable[Episode]) -> None:
-        """Add new episodes at the end, one at a time, evicting by the rules above."""
+    def append(self, episodes: Iterable[Episode], *, last: bool = True) -> None:
+        """Add new episodes at the end, one at a time, evicting by the rules above.
+
+        ``last=False``: more of the same append follow (session/large_entry.py),
+        so the counts expected for its contents are kept for them.
+        """
         for episode in episodes:
             links = self._enter(episode, None)
             if self._clipping is not None:
@@ -248,7 +252,8 @@ class RawWindow:
                 self._evict(self._chunk_start(), must)
             elif must:
                 self._evict(must, must)
-        self._expected.clear()
+        if last:
+            self._expected.clear()
 
     def expect(self, counts: dict[str, int]) -> None:
         """Token counts of contents about to enter (by the next append or reset), counted beforehand.
