@@ -109,6 +109,44 @@ async def test_a_long_import_never_lets_another_sessions_lease_lapse_nor_stalls_
     assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 'import'") == [(1200,)]
 
 
+async def test_an_import_whose_parts_each_hold_its_lease_row_past_any_renewal_wait_keeps_its_lease(
+    store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each part holds the import's lease row for 1 s (its statements slowed), longer than a renewal waits for
+    # a locked row (PostgreSQL: lock_timeout 200 ms) and not much shorter than the lease (1.5 s, renewed every
+    # 0.5 s). Renewal cannot be what keeps the import's lease: the parts keep it, each one as it commits.
+    monkeypatch.setattr(committer, "TRANSACTION_ROWS", 20, raising=False)
+    url = store_url + "%20-c%20lock_timeout%3D200ms" if store_url.startswith("postgresql") else store_url
+    config = SessionConfig(evict_to=1.0, lease_ttl=1.5, lease_wait=6.0, passivate_after=None, max_episodes=10_000)
+    async with open_engine(url, config=config) as engine:
+        small = engine.session("small")
+        await small.add(says("small", 1))
+        slow_down(engine, per_row=0.05)
+        imported = anyio.Event()
+        small_adds = 0
+
+        async def write_meanwhile() -> None:
+            nonlocal small_adds
+            while not imported.is_set():
+                await small.add([Episode("user", f"meanwhile {small_adds}")])
+                small_adds += 1
+                await anyio.sleep(0.1)
+
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(write_meanwhile)
+                stored = await engine.session("import").add(says("import", 200))  # 10 parts of 1 s
+                imported.set()
+        assert [e.seq for e in stored] == list(range(1, 201))
+        (after,) = await small.add([Episode("user", "after the import")])
+        assert after.seq == small_adds + 2  # neither session was given up: no add failed
+        assert len((await engine.session("import").context()).episodes) == 200
+        # Not given up meanwhile either (a renewal that could not wait for its row is no proof of loss while
+        # the import's own parts check and extend the lease): its first activation still serves it.
+        assert rows.query("SELECT token FROM session_leases WHERE session_id = 'import'") == [(1,)]
+    assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 'import'") == [(200,)]
+
+
 async def test_an_add_whose_later_part_fails_stores_none_of_it(
     store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:

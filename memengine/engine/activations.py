@@ -16,7 +16,7 @@ from ..errors import EngineClosedError, LeaseLostError
 from ..limits import MAX_SESSION_ID_BYTES, require_text
 from ..session.actor import SessionActor
 from ..session.handle import Session
-from ..session.messages import ClientMessage, LeaseLost, Tick
+from ..session.messages import ClientMessage, LeaseNotRenewed, Tick
 from .core import EngineCore
 
 log = logging.getLogger("memengine")
@@ -105,7 +105,8 @@ class Activations(EngineCore):
         """Every third of ``lease_ttl``, extend the lease of every active session in one statement.
 
         A session whose lease could not be renewed (it expired while this
-        process was paused, and another took it over) is told to give up.
+        process was paused, and another took it over) is told so, and gives
+        the session up unless an append in flight will tell it (LeaseNotRenewed).
         """
         ttl = self._services.config.lease_ttl
         while True:
@@ -131,7 +132,7 @@ class Activations(EngineCore):
                     lost = LeaseLostError(
                         f"session {actor.session_id!r}: this process's lease expired or was taken over"
                     )
-                    actor.mailbox.put_if_open(LeaseLost(lost))
+                    actor.mailbox.put_if_open(LeaseNotRenewed(lost))
 
     def _episodes_waiting_for_summary(self) -> int:
         return sum(actor.episodes_waiting_for_summary for actor in self._actors.values())

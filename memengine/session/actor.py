@@ -57,6 +57,7 @@ from .messages import (
     ForgetSession,
     HandOver,
     LeaseLost,
+    LeaseNotRenewed,
     ReadContext,
     RetrySummary,
     SessionMessage,
@@ -302,6 +303,10 @@ class SessionActor(ClientHandlers):
                 return
             case LeaseLost():
                 self._give_up(message.error)
+                return
+            case LeaseNotRenewed():
+                if not self._append_in_flight:  # (in flight, its commit tells: see LeaseNotRenewed)
+                    self._give_up(message.error)
                 return
             case EnterStored():
                 await self._enter_stored()

@@ -13,6 +13,7 @@ import attrs
 from ..actor.reply import Reply
 from ..context import Context
 from ..episode import Episode
+from ..errors import LeaseLostError
 from ..store.base import Erased
 
 
@@ -106,9 +107,24 @@ class LeaseLost:
 
 
 @attrs.frozen(eq=False)
+class LeaseNotRenewed:
+    """From the engine's renewal: the lease was not renewed (expired, taken over, or its row locked meanwhile).
+
+    Proof of loss only when no append of the session is in flight: that
+    append's commit checks the lease itself (a part of a large add holds the
+    row locked, and extends the lease as it commits), and its failure gives the
+    session up if the lease is gone.
+    """
+
+    error: LeaseLostError
+
+
+@attrs.frozen(eq=False)
 class EnterStored:
     """From the actor's own append completion: a large append is stored; enter it into the window (large_entry.py)."""
 
 
 ClientMessage = AddEpisodes | ReadContext | DeleteEpisodes | ClearSession | ForgetSession | CloseSession | RetrySummary
-SessionMessage = ClientMessage | SummaryStored | SummaryFailed | Tick | HandOver | LeaseLost | EnterStored
+SessionMessage = (
+    ClientMessage | SummaryStored | SummaryFailed | Tick | HandOver | LeaseLost | LeaseNotRenewed | EnterStored
+)

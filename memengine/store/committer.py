@@ -101,6 +101,7 @@ class Committer(Transactions):
         super().__init__(conn, dialect, reader)
         self.owner = owner or new_owner_id()
         self._pid = os.getpid()  # a forked child renews nothing of its parent's (see forked)
+        self._longest_ttl = 0.0  # of the leases this store took: each part of a large add extends its own by it
         self._queue: deque[Submission] = deque()
         self._urgent: list[Submission] = []  # lease renewals: into the next transaction, first
         self._queue_filled = Wakeup()
@@ -467,6 +468,7 @@ class _AppendInParts:
             add_first_seq=self._first_seq,
             first_part=index == 0,
             last_part=index == len(self._parts) - 1,
+            ttl=self._store._longest_ttl,
         )
         return Submission(operation, self._part_stored, size=len(episodes), chars=sum(len(e.content) for e in episodes))
 

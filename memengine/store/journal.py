@@ -58,8 +58,15 @@ def append_part(
     add_first_seq: int,
     first_part: bool,
     last_part: bool,
+    ttl: float = 0.0,
 ) -> AppendResult:
-    """Store one part of an add too large for one transaction (see unfinished.py)."""
+    """Store one part of an add too large for one transaction (see unfinished.py).
+
+    The part extends the session's lease by ``ttl`` from its last statement:
+    it holds the lease's row locked meanwhile (PostgreSQL), so a renewal
+    cannot do it then, and an import of parts back to back would otherwise
+    outlive its own lease (store/postgres/renewals.py).
+    """
     leases.require(db, session_id, token)
     if first_part:
         unfinished.begin(db, session_id, add_first_seq)
@@ -68,6 +75,8 @@ def append_part(
     results = _append_rows(db, session_id, first_seq, episodes)
     if last_part:
         unfinished.finish(db, session_id, add_first_seq)
+    if ttl > 0:
+        leases.extend(db, session_id, token, ttl)
     return results
 
 

@@ -35,7 +35,6 @@ class SideWork(Committer):
         self._reaped_until = -math.inf  # reaped while its lock was lost: memory is not the store until then
         self._registration_due = False  # the lock was taken back and not yet registered again (see keep_alive)
         self._registration_unsure = False  # a registration since then failed or was given up on: it may have committed
-        self._longest_ttl = 0.0  # of the leases this store took (see keep_alive)
         self._liveness_slot = anyio.CapacityLimiter(1)
 
     # -- leases ----------------------------------------------------------------

@@ -82,8 +82,14 @@ class RenewalConnection:
             renewed = leases.renew(Db(self._conn, self._dialect), owner, held, ttl, skip_locked=True)
         rest = [lease for lease in held if lease[0] not in renewed]
         if rest:
-            with self._conn.transaction():
-                renewed |= leases.renew(Db(self._conn, self._dialect), owner, rest, ttl)
+            try:
+                with self._conn.transaction():
+                    renewed |= leases.renew(Db(self._conn, self._dialect), owner, rest, ttl)
+            except self._dialect.too_slow as exc:
+                # Their rows stayed locked past lock_timeout: by a part of a large add (which extends its
+                # lease itself as it commits, journal.append_part) or by a frozen writer. Not renewed now,
+                # which is not lost: the engine lets a session with an append in flight hear it from that.
+                log.info("renewing %d leases waited too long for their rows (%s); renewed the others", len(rest), exc)
         return renewed
 
     def _worth_again(self, exc: BaseException) -> bool:
