@@ -13,6 +13,7 @@ so that a few hundred rows stand for a large import on a fast disk.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -110,7 +111,7 @@ async def test_a_long_import_never_lets_another_sessions_lease_lapse_nor_stalls_
 
 
 async def test_an_import_whose_parts_each_hold_its_lease_row_past_any_renewal_wait_keeps_its_lease(
-    store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
+    store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Each part holds the import's lease row for 1 s (its statements slowed), longer than a renewal waits for
     # a locked row (PostgreSQL: lock_timeout 200 ms) and not much shorter than the lease (1.5 s, renewed every
@@ -144,6 +145,8 @@ async def test_an_import_whose_parts_each_hold_its_lease_row_past_any_renewal_wa
         # Not given up meanwhile either (a renewal that could not wait for its row is no proof of loss while
         # the import's own parts check and extend the lease): its first activation still serves it.
         assert rows.query("SELECT token FROM session_leases WHERE session_id = 'import'") == [(1,)]
+    # And no renewal failed: the leases it could renew were renewed, those it could not wait for were left.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 'import'") == [(200,)]
 
 
