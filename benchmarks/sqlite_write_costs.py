@@ -3,10 +3,10 @@
 1. A group commit's appends inserted with one ``executemany``, with and
    without a savepoint around it. SQLite copies every page changed inside a
    savepoint to a statement journal, so that it can roll back to it; the
-   committer therefore writes without one (store/committer.py, _run_together).
+   committer therefore writes without one (store/transactions.py, _run_together).
 2. Recall's full-text index (FTS5) caught up in steps of N rows: each step is
    a transaction that writes a new index segment and merges old ones, so the
-   cost per row falls as steps grow (store/sqlite.py, RECALL_INDEX_EVERY).
+   cost per row falls as steps grow (store/sqlite/store.py, RECALL_INDEX_EVERY).
 
 Each measurement runs on a fresh database file, in rounds that alternate the
 order of the variants; medians are reported (the machine is shared and noisy).
