@@ -597,7 +597,7 @@ CALM_SECONDS = 12.0
     ],
 )
 def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(
-    store_url: str, fault_seconds: float, tmp_path: Path, request: pytest.FixtureRequest
+    store_url: str, fault_seconds: float, tmp_path: Path
 ) -> None:
     """Three replicas hammer 12 shared sessions with a retain sink, while the test, at random,
 
@@ -630,12 +630,6 @@ def test_replicas_under_random_pauses_and_connection_kills_agree_on_one_truth(
       delivered exactly once, and each session's batches came in seq order,
       each starting right after the previous one.
     """
-    if request.node.get_closest_marker("soak") is not None and not store_url.startswith("postgresql"):
-        # Known and open (issue #26): the SQLite soak (5 min, and once in a 60 s run beside the other soaks) has
-        # reported problems the 6 s run and PostgreSQL never showed, among them two owners of one session at once,
-        # while the test's reader threads lost records on lines cut at 64/128 KB. Until that is understood it runs
-        # and reports, without failing the soak set.
-        request.applymarker(pytest.mark.xfail(reason="issue #26: SQLite chaos soak under investigation", strict=False))
     rng = random.Random(os.environ.get("MEMENGINE_TEST_CHAOS_SEED", "14"))
     env = {
         "MEMENGINE_TEST_RETAIN": "1",
