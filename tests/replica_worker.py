@@ -254,22 +254,29 @@ def log_leases(store: Any) -> None:
     store.activate, store.renew_leases = logged_activate, logged_renew
     store.release_lease, store.release_leases = logged_release, logged_release_all
     store.keep_alive = logged_keep_alive
-    emit(op="lease", event="alive", at=time.time(), until=None)  # a new process: no earlier one's bound holds
+    emit(op="lease", event="alive", at=time.time(), after=None, until=None)  # a new process: no earlier bound
     log_alive(store)
 
 
 def log_alive(store: Any) -> None:
-    """Until when this process answers reads from memory without renewing first, as its last heartbeat left it.
+    """When this process answers reads from memory without renewing first, as its last heartbeat left it.
 
     A session's lease is counted on only while both it and the process's own
-    proof of life are (session/lease.py, ``store.alive_until()``); past that,
-    a read renews the lease first, and is answered at the renewal, or refused.
-    ``None``: no bound (no liveness, or taken for dead: then every read renews
-    first, and counting it unbounded only makes the check stricter).
+    proof of life are (session/lease.py, ``store.alive_until()``): from
+    ``after`` (the end of a spell taken for dead: until then every read renews
+    first) until ``until`` (the proof of life's end); past either, a read
+    renews the lease first, and is answered at the renewal, or refused. Wall
+    clock; ``None``: no bound. (The store's own two bounds, read as it keeps them.)
     """
-    until = store.alive_until()
-    wall = None if not math.isfinite(until) else time.time() + (until - anyio.current_time())
-    emit(op="lease", event="alive", at=time.time(), until=wall)
+    now, wall_now = anyio.current_time(), time.time()
+    after, until = store._reaped_until, store._alive_until
+    emit(
+        op="lease",
+        event="alive",
+        at=wall_now,
+        after=wall_now + (after - now) if math.isfinite(after) else None,
+        until=wall_now + (until - now) if math.isfinite(until) else None,
+    )
 
 
 def context_record(session_id: str, context: Any) -> dict[str, Any]:

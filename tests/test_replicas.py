@@ -178,13 +178,14 @@ def lease_overlaps(records_by_process: dict[str, list[dict[str, Any]]]) -> list[
     ttls: dict[tuple[str, int], float] = {}
     released: dict[tuple[str, int], float] = {}
     released_all: dict[str, float] = {}
-    alive: dict[str, list[tuple[float, float]]] = defaultdict(list)  # process -> (at, until), in time order
+    alive: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # process -> (at, after, until)
     for name, records in records_by_process.items():
         for r in records:
             if r["op"] != "lease":
                 continue
             if r["event"] == "alive":
-                alive[name].append((r["at"], math.inf if r["until"] is None else r["until"]))
+                after = -math.inf if r.get("after") is None else r["after"]
+                alive[name].append((r["at"], after, math.inf if r["until"] is None else r["until"]))
             elif r["event"] == "taken":
                 lease = (r["session"], r["token"])
                 taken[lease] = (name, r["at"])
@@ -219,30 +220,31 @@ def lease_overlaps(records_by_process: dict[str, list[dict[str, Any]]]) -> list[
     return problems
 
 
-def serving_end(confirmed: list[float], ttl: float, alive: list[tuple[float, float]]) -> float:
+def serving_end(confirmed: list[float], ttl: float, alive: list[tuple[float, float, float]]) -> float:
     """The last moment a lease confirmed at ``confirmed`` (sorted) may have been served from memory.
 
     From each confirmation, for ``ttl`` (or until the next one), while the
     process's proof of life holds: ``alive`` lists each heartbeat's
-    ``(at, until)``, and the last one before a moment is in force then. Each
-    confirmation itself is a moment served.
+    ``(at, after, until)``, and the last one before a moment is in force then
+    (memory is served from ``after`` until ``until``). Each confirmation
+    itself is a moment served.
     """
     end = confirmed[-1]
-    heartbeats = sorted(alive)
+    heartbeats = sorted(alive, key=lambda heartbeat: heartbeat[0])
     for start, next_start in zip(confirmed, [*confirmed[1:], math.inf], strict=True):
         stop = min(start + ttl, next_start)
-        cursor, in_force = start, math.inf
-        for at, until in heartbeats:
+        cursor, after, until = start, -math.inf, math.inf
+        for at, its_after, its_until in heartbeats:
             if at <= start:
-                in_force = until
+                after, until = its_after, its_until
                 continue
             if at >= stop:
                 break
-            if min(at, in_force) > cursor:
-                end = max(end, min(at, in_force))
-            cursor, in_force = at, until
-        if min(stop, in_force) > cursor:
-            end = max(end, min(stop, in_force))
+            if min(at, until) > max(cursor, after):
+                end = max(end, min(at, until))
+            cursor, after, until = at, its_after, its_until
+        if min(stop, until) > max(cursor, after):
+            end = max(end, min(stop, until))
     return end
 
 
@@ -255,8 +257,8 @@ def test_the_single_owner_check_counts_a_lease_served_while_both_it_and_its_owne
     def renewed(session: str, token: int, at: float) -> dict[str, Any]:
         return {"op": "lease", "event": "renewed", "leases": [[session, token]], "asked_at": at, "ttl": 2}
 
-    def alive(at: float, until: float | None) -> dict[str, Any]:
-        return {"op": "lease", "event": "alive", "at": at, "until": until}
+    def alive(at: float, until: float | None, after: float | None = None) -> dict[str, Any]:
+        return {"op": "lease", "event": "alive", "at": at, "after": after, "until": until}
 
     b_takes = {"b": [taken("s", 2, 11.5)]}
     # No proof of life logged: the lease counts for its ttl (until 12).
@@ -268,8 +270,12 @@ def test_the_single_owner_check_counts_a_lease_served_while_both_it_and_its_owne
     # ...but a heartbeat at 11.3 that proved it alive again makes the lease count again: an overlap.
     a = [alive(9.0, 11.0), taken("s", 1, 10.0), renewed("s", 1, 11.2), alive(11.3, 14.0)]
     assert len(lease_overlaps({"a": a, **b_takes})) == 1
-    # Taken for dead (no bound logged) counts as unbounded: the stricter reading.
+    # No bound logged counts as unbounded: the stricter reading.
     assert len(lease_overlaps({"a": [alive(9.0, 11.0), taken("s", 1, 10.0), alive(10.5, None)], **b_takes})) == 1
+    # Taken for dead at 10.5 until 13 (every read renews first meanwhile): nothing served from memory after 10.5.
+    assert lease_overlaps({"a": [taken("s", 1, 10.0), alive(10.5, 20.0, after=13.0)], **b_takes}) == []
+    # ...but a spell taken for dead that ends before the ttl does lets the lease count again.
+    assert len(lease_overlaps({"a": [taken("s", 1, 10.0), alive(10.5, 20.0, after=11.0)], **b_takes})) == 1
     # A release ends it whatever else holds.
     a = [taken("s", 1, 10.0), {"op": "lease", "event": "released", "session": "s", "token": 1, "at": 11.0}]
     assert lease_overlaps({"a": a, **b_takes}) == []

@@ -306,7 +306,7 @@ class SessionActor(ClientHandlers):
                 return
             case LeaseNotRenewed():
                 if not self._append_in_flight:  # (in flight, its commit tells: see LeaseNotRenewed)
-                    self._give_up(message.error)
+                    await self._confirm_lease()
                 return
             case EnterStored():
                 await self._enter_stored()
@@ -334,6 +334,21 @@ class SessionActor(ClientHandlers):
             self._handing_on.keep(message)
         except Exception as exc:
             self._handler_failed(message, exc)
+
+    async def _confirm_lease(self) -> None:
+        """The engine's renewal did not renew this lease: renew it alone, and give the session up if that fails.
+
+        A renewal of many leases can leave one out only because its row was
+        locked for a moment (another replica's activation, this process's own
+        write); alone, the store says whether it is still this process's.
+        """
+        try:
+            await self._lease.renew()
+        except LeaseLostError as lost:
+            self._give_up(lost)
+        except Exception as exc:
+            # The store cannot tell now: reads renew first by themselves once the lease may have lapsed.
+            log.warning("session %r: its lease could not be confirmed (%s)", self.session_id, exc)
 
     def _client_activity(self) -> None:
         self._active_since_tick = True

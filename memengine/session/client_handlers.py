@@ -77,9 +77,7 @@ class ClientHandlers(ActivationState):
         is in flight; the callers are answered only now that their rows are stored.
         """
         self._append_in_flight = False
-        settled, self._append_settled = self._append_settled, None
-        if settled is not None:
-            settled.set()
+        self._settled()
         if error is not None or results is None:
             reload = means_reload(error)
             if reload:
@@ -114,15 +112,27 @@ class ClientHandlers(ActivationState):
         entry = self._entering
         if entry is None:
             return
-        for _ in entry.slices(self._window):
-            await anyio.lowlevel.checkpoint()  # the engine's other tasks run between two slices
+        try:
+            for _ in entry.slices(self._window):
+                await anyio.lowlevel.checkpoint()  # the engine's other tasks run between two slices
+        except Exception as exc:
+            # (Your tokenizer raising, say.) The window is half entered: let the activation go; the episodes
+            # are stored, and its callers are answered as it stops (actor.py, _stop), a new one loads them.
+            log.error("session %r: entering a large add into the window failed: %r", self.session_id, exc)
+            self._append_in_flight = False
+            self._settled()
+            self._give_up(exc)
+            return
         self._entering = None
         self._append_in_flight = False
+        self._settled()
+        entry.answer(self._answer)
+        self._entered(entry.new)
+
+    def _settled(self) -> None:
         settled, self._append_settled = self._append_settled, None
         if settled is not None:
             settled.set()
-        entry.answer(self._answer)
-        self._entered(entry.new)
 
     def _entered(self, new: list[Episode]) -> None:
         """The follow-ups of episodes now in the window: the eviction boundary, the summary, the retain batch."""

@@ -103,6 +103,10 @@ class SessionLease:
         """Renew the lease if it may have lapsed; :class:`LeaseLostError` if another process has it now."""
         if anyio.current_time() < min(self._valid_until, self._store.alive_until()):
             return
+        await self.renew()
+
+    async def renew(self) -> None:
+        """Renew the lease now; :class:`LeaseLostError` if the store did not renew it (expired or taken over)."""
         asked_at = anyio.current_time()
         if self._session_id not in await self._store.renew_leases(
             [(self._session_id, self.current())], self._config.lease_ttl

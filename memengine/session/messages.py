@@ -110,10 +110,10 @@ class LeaseLost:
 class LeaseNotRenewed:
     """From the engine's renewal: the lease was not renewed (expired, taken over, or its row locked meanwhile).
 
-    Proof of loss only when no append of the session is in flight: that
-    append's commit checks the lease itself (a part of a large add holds the
-    row locked, and extends the lease as it commits), and its failure gives the
-    session up if the lease is gone.
+    No proof of loss by itself: the session renews its lease alone and gives
+    up only if that fails. While an append of the session is in flight, it
+    waits for that append instead, whose commit checks the lease (a part of a
+    large add holds the row locked, and extends the lease as it commits).
     """
 
     error: LeaseLostError

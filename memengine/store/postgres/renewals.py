@@ -84,11 +84,12 @@ class RenewalConnection:
         if rest:
             try:
                 with self._conn.transaction():
-                    renewed |= leases.renew(Db(self._conn, self._dialect), owner, rest, ttl)
+                    more = leases.renew(Db(self._conn, self._dialect), owner, rest, ttl)
+                renewed |= more  # only once committed
             except self._dialect.too_slow as exc:
                 # Their rows stayed locked past lock_timeout: by a part of a large add (which extends its
                 # lease itself as it commits, journal.append_part) or by a frozen writer. Not renewed now,
-                # which is not lost: the engine lets a session with an append in flight hear it from that.
+                # which is not lost: each session left out renews alone (session/actor.py, LeaseNotRenewed).
                 log.info("renewing %d leases waited too long for their rows (%s); renewed the others", len(rest), exc)
         return renewed
 
