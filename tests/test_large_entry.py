@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from memengine import Episode, SessionConfig, open_engine
+from memengine import Episode, SessionClosedError, SessionConfig, open_engine
 from memengine.session import handle, large_entry
 from memengine.session.window import RawWindow
 
@@ -144,3 +144,16 @@ async def test_an_engine_closing_while_a_large_add_enters_the_window_answers_its
     # Its caller was answered: the add is stored, whole.
     assert [e.seq for e in stored] == list(range(1, 401))
     assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(400,)]
+
+
+async def test_a_large_add_on_a_closed_handle_is_refused_before_any_of_it_is_checked(
+    store_url: str, rows: StoreRows, small_slices: int
+) -> None:
+    config = SessionConfig(max_content_chars=100)
+    async with open_engine(store_url, config=config) as engine:
+        session = engine.session("s")
+        await session.add(says("kept", 1))
+        await session.close()
+        with pytest.raises(SessionClosedError):  # not the ValueError its last episode would get, once checked
+            await session.add([*says("large", 50), Episode("user", "x" * 101)])
+    assert rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'") == [(1,)]

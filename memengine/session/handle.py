@@ -137,6 +137,9 @@ class Session:
         it is sent, nothing was sent.
         """
         if contents is None:
+            self._engine._check_caller()  # refused before the work of a large add, as any call is
+            if self._closed:
+                raise SessionClosedError(f"session handle {self._id!r} is closed")
             checked: list[Episode] = []
             for start in range(0, len(batch), ENTER_SLICE):
                 checked += _checked_batch(batch[start : start + ENTER_SLICE], self._engine.config, snapshot)

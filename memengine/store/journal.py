@@ -76,6 +76,8 @@ def append_part(
     if last_part:
         unfinished.finish(db, session_id, add_first_seq)
     if ttl > 0:
+        # No expiry check needed (leases.renew revives no expired lease): require() above holds the row (FOR SHARE
+        # on PostgreSQL, the write lock on SQLite) since it found the lease unexpired, so nobody took it meanwhile.
         leases.extend(db, session_id, token, ttl)
     return results
 
