@@ -105,8 +105,9 @@ class Activations(EngineCore):
         """Every third of ``lease_ttl``, extend the lease of every active session in one statement.
 
         A session whose lease could not be renewed (it expired while this
-        process was paused, and another took it over) is told so, and gives
-        the session up unless an append in flight will tell it (LeaseNotRenewed).
+        process was paused, and another took it over, or its row was locked at
+        that moment) is told so: it renews alone and gives up if that fails
+        (LeaseNotRenewed).
         """
         ttl = self._services.config.lease_ttl
         while True:
