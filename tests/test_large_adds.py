@@ -76,6 +76,30 @@ def says(prefix: str, count: int) -> list[Episode]:
     return [Episode("user", f"{prefix} {i}", id=f"{prefix}-{i}") for i in range(count)]
 
 
+async def import_while_adding(engine: Any, small: Any, count: int, pause: float) -> tuple[tuple[Episode, ...], int]:
+    """Add ``count`` episodes to session "import" in one add while ``small`` is given one add every ``pause`` s.
+
+    Returns what the import stored and how many adds of ``small`` were acknowledged meanwhile (any that
+    failed fails the caller's test).
+    """
+    imported = anyio.Event()
+    small_adds = 0
+
+    async def add_meanwhile() -> None:
+        nonlocal small_adds
+        while not imported.is_set():
+            await small.add([Episode("user", f"meanwhile {small_adds}")])
+            small_adds += 1
+            await anyio.sleep(pause)
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(add_meanwhile)
+            stored = await engine.session("import").add(says("import", count))
+            imported.set()
+    return stored, small_adds
+
+
 async def test_a_long_import_never_lets_another_sessions_lease_lapse_nor_stalls_its_writers(
     store_url: str, rows: StoreRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -87,21 +111,7 @@ async def test_a_long_import_never_lets_another_sessions_lease_lapse_nor_stalls_
         small = engine.session("small")
         await small.add(says("small", 1))
         slow_down(engine, per_row=0.005)
-        small_adds_during_import = 0
-        imported = anyio.Event()
-
-        async def write_meanwhile() -> None:
-            nonlocal small_adds_during_import
-            while not imported.is_set():
-                await small.add([Episode("user", f"meanwhile {small_adds_during_import}")])
-                small_adds_during_import += 1
-                await anyio.sleep(0.05)
-
-        with anyio.fail_after(GUARD):
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(write_meanwhile)
-                stored = await engine.session("import").add(says("import", 1200))
-                imported.set()
+        stored, small_adds_during_import = await import_while_adding(engine, small, 1200, pause=0.05)
         assert [e.seq for e in stored] == list(range(1, 1201))
         # The other session was never given up, and its writers went on during the import.
         (after,) = await small.add([Episode("user", "after the import")])
@@ -125,21 +135,7 @@ async def test_an_import_whose_parts_each_hold_its_lease_row_past_any_renewal_wa
         small = engine.session("small")
         await small.add(says("small", 1))
         slow_down(engine, per_row=0.05)
-        imported = anyio.Event()
-        small_adds = 0
-
-        async def write_meanwhile() -> None:
-            nonlocal small_adds
-            while not imported.is_set():
-                await small.add([Episode("user", f"meanwhile {small_adds}")])
-                small_adds += 1
-                await anyio.sleep(0.1)
-
-        with anyio.fail_after(GUARD):
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(write_meanwhile)
-                stored = await engine.session("import").add(says("import", 200))  # 10 parts of 1 s
-                imported.set()
+        stored, small_adds = await import_while_adding(engine, small, 200, pause=0.1)  # 10 parts of 1 s
         assert [e.seq for e in stored] == list(range(1, 201))
         (after,) = await small.add([Episode("user", "after the import")])
         assert after.seq == small_adds + 2  # neither session was given up: no add failed
