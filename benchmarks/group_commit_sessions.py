@@ -61,9 +61,10 @@ def fresh_store(kind: str) -> Iterator[str]:
         yield url
 
 
-async def per_add(url: str, sessions: int, rounds: int) -> list[float]:
-    """Seconds per add, for each round in which every session adds one episode at once."""
+async def per_add(url: str, sessions: int, rounds: int, pause_gc: bool) -> tuple[list[float], int]:
+    """Seconds per add, for each round in which every session adds one episode at once, and full collections."""
     costs = []
+    full_collections = 0
     async with open_engine(url, config=CONFIG) as engine:
         handles = [engine.session(f"s{n}") for n in range(sessions)]
         async with anyio.create_task_group() as group:
@@ -71,23 +72,31 @@ async def per_add(url: str, sessions: int, rounds: int) -> list[float]:
                 group.start_soon(handle.context)  # activated first: the rounds measure adds only
         for round_number in range(rounds):
             gc.collect()
-            started = time.perf_counter()
-            async with anyio.create_task_group() as group:
-                for handle in handles:
-                    group.start_soon(handle.add, [Episode("user", f"turn {round_number}")])
-            costs.append((time.perf_counter() - started) / sessions)
-    return costs
+            before = gc.get_stats()[2]["collections"]
+            if pause_gc:
+                gc.disable()
+            try:
+                started = time.perf_counter()
+                async with anyio.create_task_group() as group:
+                    for handle in handles:
+                        group.start_soon(handle.add, [Episode("user", f"turn {round_number}")])
+                costs.append((time.perf_counter() - started) / sessions)
+            finally:
+                gc.enable()
+            full_collections += gc.get_stats()[2]["collections"] - before
+    return costs, full_collections
 
 
-def measure(kind: str, backend: str, sessions: int, rounds: int, check: Callable) -> tuple[float, int]:
-    """The median seconds per add, and the largest group found held with one check."""
+def measure(
+    kind: str, backend: str, sessions: int, rounds: int, check: Callable, pause_gc: bool = False
+) -> tuple[float, int, float]:
+    """The median seconds per add, the largest group found held with one check, full collections per round."""
     fast_groups.clear()
     leases.all_held = check  # type: ignore[assignment]
     try:
         with fresh_store(kind) as url:
-            return statistics.median(anyio.run(per_add, url, sessions, rounds, backend=backend)), max(
-                fast_groups, default=0
-            )
+            costs, full = anyio.run(per_add, url, sessions, rounds, pause_gc, backend=backend)
+            return statistics.median(costs), max(fast_groups, default=0), full / rounds
     finally:
         leases.all_held = _all_held  # type: ignore[assignment]
 
@@ -101,13 +110,16 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.store}, {args.backend}, median of {args.rounds} rounds, microseconds per add")
     print("(largest group whose leases one check found held, in brackets)")
-    print(f"{'sessions':>9} {'chunked':>16} {'old limit':>16} {'ratio':>6}")
+    print(f"{'sessions':>9} {'chunked':>16} {'old limit':>16} {'ratio':>6} {'gc paused':>16} {'full gc':>8}")
     for sessions in args.sessions:
-        chunked, chunked_group = measure(args.store, args.backend, sessions, args.rounds, chunked_all_held)
-        old, old_group = measure(args.store, args.backend, sessions, args.rounds, old_all_held)
+        chunked, chunked_group, full = measure(args.store, args.backend, sessions, args.rounds, chunked_all_held)
+        old, old_group, _ = measure(args.store, args.backend, sessions, args.rounds, old_all_held)
+        paused, paused_group, _ = measure(
+            args.store, args.backend, sessions, args.rounds, chunked_all_held, pause_gc=True
+        )
         print(
             f"{sessions:>9,} {chunked * 1e6:>8.1f} [{chunked_group:>5}] {old * 1e6:>8.1f} [{old_group:>5}] "
-            f"{old / chunked:>6.2f}",
+            f"{old / chunked:>6.2f} {paused * 1e6:>8.1f} [{paused_group:>5}] {full:>8.1f}",
             flush=True,
         )
 
