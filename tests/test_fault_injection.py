@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.from_thread
 import pytest
 from trio.testing import MockClock
 
@@ -44,6 +43,7 @@ from memengine import (
     SummaryError,
     open_engine,
 )
+from memengine.actor.wakeup import call_soon_from_thread
 
 from .conftest import StoredRows
 from .fakes import RecordingSink, RecordingSummarizer, add_each, context_once_summarized, covered, fold, turns
@@ -92,6 +92,7 @@ class StatementFault:
         self.hits = 0
         self._released = threading.Event()
         self._hit = anyio.Event()
+        self._call_soon = call_soon_from_thread()  # made on the event loop; struck in the store's commit thread
 
     def matches(self, sql: str, rows: Sequence[Any]) -> bool:
         if not sql.lstrip().upper().startswith(self.sql):
@@ -112,7 +113,7 @@ class StatementFault:
         self._hit = anyio.Event()
 
     def strike(self) -> None:  # in the store's worker thread
-        anyio.from_thread.run_sync(self._count_hit)
+        self._call_soon(self._count_hit)
         if self.stall and not self._released.wait(STALL_LIMIT):
             raise AssertionError("a stalled statement was never released")
         if self.fail:

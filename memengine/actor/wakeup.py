@@ -19,6 +19,7 @@ saving is large, tested on both backends (tests/test_wakeup.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import anyio.lowlevel
@@ -94,6 +95,20 @@ def current_loop() -> object:
     if _under_trio():
         return _trio_lowlevel().current_trio_token()
     return asyncio.get_running_loop()
+
+
+def call_soon_from_thread() -> Callable[[Callable[[], object]], object]:
+    """How another thread asks the running event loop to call a function soon (without waiting for it).
+
+    asyncio's ``loop.call_soon_threadsafe``, or trio's ``TrioToken.run_sync_soon``:
+    what a thread that finished work for the loop uses to set a :class:`Wakeup`
+    (store/commit_thread.py). Asked on the loop's thread; the function it
+    returns may be called from any thread, and raises :class:`RuntimeError`
+    once that loop has closed (trio's ``RunFinishedError`` is one).
+    """
+    if _under_trio():
+        return _trio_lowlevel().current_trio_token().run_sync_soon  # type: ignore[no-any-return]
+    return asyncio.get_running_loop().call_soon_threadsafe
 
 
 def _under_trio() -> bool:

@@ -4,8 +4,9 @@ Every operation is a small function run against one connection. Operations
 submitted while a transaction is being committed wait and then go into the
 next transaction together: one thread hop and one commit serve every session
 that wrote meanwhile, and each caller is answered once its own rows are
-committed. Both drivers block, so the transactions run in a worker thread, one
-at a time (never two threads on the connection at once).
+committed. Both drivers block, so the transactions run in a thread of the
+store's own (commit_thread.py), one at a time (never two threads on the
+connection at once).
 
 No transaction holds the store for long: one takes at most
 :data:`TRANSACTION_ROWS` rows (an add of more is stored in parts, see
@@ -61,6 +62,7 @@ from .base import (
     AppendResult,
     Completion,
 )
+from .commit_thread import CommitThread
 from .dialect import Db, Dialect
 from .submission import Operation, PendingRead, Submission, T
 from .transactions import Transactions
@@ -114,7 +116,7 @@ class Committer(Transactions):
         self._reader_left_behind = False
         self._committer_scope = anyio.CancelScope(shield=True)
         self._committer_done = anyio.Event()
-        self._thread_slot = anyio.CapacityLimiter(1)
+        self._commit_thread = CommitThread("memengine store commits")  # one transaction at a time
         self._reader_slot = anyio.CapacityLimiter(1)  # closing the reader waits for no other thread
         self._read_slot = anyio.CapacityLimiter(1)  # reads, one at a time (as the read connection takes them)
         self._read_lock = threading.Lock()
@@ -243,13 +245,11 @@ class Committer(Transactions):
                         with self._thread_state:
                             self._thread_busy = True
                         # Abandoned only when closing gave up on an interrupted statement (see aclose).
-                        await anyio.to_thread.run_sync(
-                            self._commit_in_thread, batch, limiter=self._thread_slot, abandon_on_cancel=True
-                        )
+                        await self._commit_thread.run(self._commit_in_thread, batch)
                     except Exception as exc:
                         # A bug or an unexpected error: fail this batch, keep the committer (and engine) alive.
                         log.exception("a store transaction failed unexpectedly")
-                        await anyio.to_thread.run_sync(self._abandon, batch, exc, limiter=self._thread_slot)
+                        await self._commit_thread.run(self._abandon, batch, exc)
                     in_flight = []
                     self._committed()
                     for submission in batch:
@@ -363,6 +363,7 @@ class Committer(Transactions):
                     yield
                 finally:
                     finished = await self.aclose()
+                    self._commit_thread.stop()
                     side.cancel()
         finally:
             with anyio.CancelScope(shield=True):
