@@ -77,8 +77,7 @@ async def test_a_cancelled_caller_stops_waiting_but_its_job_still_runs_to_the_en
                     assert scope.cancelled_caught
 
                 tasks.start_soon(caller)
-                while not started.is_set():
-                    await anyio.sleep(0.001)
+                assert await anyio.to_thread.run_sync(started.wait, DEADLINE)
                 scope.cancel()  # the caller returns at once, while the job is still running
             assert not finished.is_set()
             release.set()
@@ -95,7 +94,7 @@ def test_a_job_that_ends_after_its_event_loop_closed_is_dropped_quietly(anyio_ba
     started, release = threading.Event(), threading.Event()
     errors: list[BaseException] = []
     hook = threading.excepthook
-    threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment]
+    threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment,arg-type]
 
     def slow() -> str:
         started.set()
@@ -105,8 +104,7 @@ def test_a_job_that_ends_after_its_event_loop_closed_is_dropped_quietly(anyio_ba
     async def leave_it_running() -> None:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(commits.run, slow)
-            while not started.is_set():
-                await anyio.sleep(0.001)
+            assert await anyio.to_thread.run_sync(started.wait, DEADLINE)
             tasks.cancel_scope.cancel()
 
     async def after() -> str:
