@@ -651,6 +651,38 @@ async def test_a_failed_hand_off_at_passivation_does_not_tell_callers_the_engine
 # -- the store stalls ---------------------------------------------------------------------
 
 
+async def test_a_read_queued_behind_a_waiting_add_is_answered_without_waiting_for_that_add(db_path: Path) -> None:
+    """Turn 3 waits in the mailbox for turn 2's append; a read queued after it is answered as soon as turn 2 is
+    stored, from memory (turns 1-2), while turn 3's own append is still stuck: not one commit later."""
+    async with engine_with_faults(db_path) as (engine, faults):
+        session = engine.session("s")
+        await session.add([Episode("user", "turn 1")])
+        first = faults.inject("INSERT INTO episodes", fail=False, stall=True, times=1)
+        read: list[list[str]] = []
+        answered = anyio.Event()
+
+        async def reader() -> None:
+            context = await session.context()
+            read.append([episode.content for episode in context.episodes])
+            answered.set()
+
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as callers:
+                callers.start_soon(session.add, [Episode("user", "turn 2")])
+                await first.wait_for_hits()  # turn 2's append is in flight, stuck
+                callers.start_soon(session.add, [Episode("user", "turn 3")])
+                await anyio.wait_all_tasks_blocked()  # turn 3 waits for it
+                callers.start_soon(reader)
+                await anyio.wait_all_tasks_blocked()  # the read is queued behind turn 3
+                second = faults.inject("INSERT INTO episodes", fail=False, stall=True, times=1)
+                first.release()
+                await second.wait_for_hits()  # turn 3's append is in flight, stuck
+                await answered.wait()  # before: only after turn 3 was stored (never, here: GUARD)
+                assert read == [["turn 1", "turn 2"]]
+                second.release()
+        assert [episode.content for episode in (await session.context()).episodes] == ["turn 1", "turn 2", "turn 3"]
+
+
 async def test_a_stalled_store_delays_writers_but_loses_nothing(db_path: Path, stored: StoredRows) -> None:
     async with engine_with_faults(db_path) as (engine, faults):
         for name in ("a", "b", "c"):

@@ -67,6 +67,7 @@ class ActivationState:
     _handling: SessionMessage | None
     _idle: bool
     _append_in_flight: bool
+    _appends_submitted: int
     _append_settled: anyio.Event | None
     _entering: LargeEntry | None
     _active_since_tick: bool

@@ -144,6 +144,7 @@ class SessionActor(ClientHandlers):
         self._handling: SessionMessage | None = None
         self._idle = False  # waiting for mail: an add may then be handled in its sender's task (receive)
         self._append_in_flight = False
+        self._appends_submitted = 0  # appends submitted by this activation: numbers them (see ReadContext.passed_by)
         self._append_settled: anyio.Event | None = None  # made only when a handler must wait for it
         self._entering: LargeEntry | None = None  # a large append stored, entering the window (large_entry.py)
         # Passivation: decided from the engine's ticks, so the hot path reads no clock.

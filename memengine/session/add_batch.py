@@ -12,8 +12,10 @@ Adds join across the reads queued between them: a read is answered from
 memory, which holds only acknowledged adds, so a read answered while the batch
 is in flight sees none of it, whether it was queued before or after those adds
 (each of them was still unacknowledged). The reads stay in the mailbox and are
-answered at their turn, right after the batch was submitted, instead of
-waiting behind each add's commit. A delete, clear or close ends the batch: an
+answered at their turn, right after the batch was submitted, without waiting
+for its commit (client_handlers.py, ``_on_read``): a read never waits behind
+an add that arrived after it, nor for more than the one append that was in
+flight when it was taken. A delete, clear or close ends the batch: an
 add queued after one is never stored before it.
 """
 
@@ -43,10 +45,11 @@ class AddBatch:
     messages: list[AddEpisodes]
 
     @classmethod
-    def gather(cls, first: AddEpisodes, mailbox: Mailbox[SessionMessage]) -> AddBatch:
+    def gather(cls, first: AddEpisodes, mailbox: Mailbox[SessionMessage], number: int) -> AddBatch:
         """``first``, and the adds queued behind it (taken out of the mailbox) while within the bounds.
 
-        Reads are passed over (they stay where they are); any other message ends the batch.
+        Reads are passed over (they stay where they are, marked as passed by
+        append ``number``); any other message ends the batch.
         """
         if mailbox.empty:
             return cls([first])  # the usual case with one writer per session: nothing to weigh
@@ -56,6 +59,7 @@ class AddBatch:
         def decide(message: SessionMessage) -> Ahead:
             nonlocal episodes, chars
             if isinstance(message, ReadContext):
+                message.passed_by = number
                 return Ahead.PASS
             if not isinstance(message, AddEpisodes):
                 return Ahead.STOP

@@ -51,7 +51,8 @@ class ClientHandlers(ActivationState):
     def _submit_add(self, message: AddEpisodes) -> None:
         """Submit ``message``, and the adds queued right behind it, as one append (no append is in flight)."""
         # No await here: the adds taken out of the mailbox are owned by the append's completion.
-        batch = AddBatch.gather(message, self.mailbox)
+        self._appends_submitted += 1
+        batch = AddBatch.gather(message, self.mailbox, self._appends_submitted)
         counted = batch.counted
         if counted:
             self._window.expect(counted)  # large contents, counted by their callers off the event loop
@@ -149,10 +150,15 @@ class ClientHandlers(ActivationState):
     async def _on_read(self, message: ReadContext) -> None:
         if message.reply.abandoned:
             return  # the caller gave up before its turn: a read changes nothing
-        # After the append in flight: a read queued among adds (which joined that append, add_batch.py)
-        # is answered once they are stored, at most one commit later; and a stream of reads answered
-        # from memory never keeps the store's thread from committing (it needs the GIL too).
-        await self._settle_append()
+        if self._append_in_flight and message.passed_by == self._appends_submitted:
+            # The append in flight took adds queued behind this read (add_batch.py): none of them is
+            # acknowledged, so the read is answered now, as of before them, not one commit later.
+            if self._given_up is not None:
+                raise NotHandled
+        else:
+            # After the append in flight, if any: a stream of reads answered from memory never keeps the
+            # store's thread from committing (it needs the GIL too); each read waits for at most one commit.
+            await self._settle_append()
         await self._lease.ensure_valid()  # memory may be stale if another process took the session over
         evicted_through = self._window.evicted_through
         if message.wait_for_summary and evicted_through is not None and self._summary.set_aside is not None:

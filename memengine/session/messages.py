@@ -25,13 +25,18 @@ class AddEpisodes:
     counted: dict[str, int] = attrs.field(factory=dict)
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class ReadContext:
-    """A context read; with ``wait_for_ceiling``, one that waits rather than leave out episodes (see handle.py)."""
+    """A context read; with ``wait_for_ceiling``, one that waits rather than leave out episodes (see handle.py).
+
+    ``passed_by``: the number of the append that took adds queued behind this
+    read (add_batch.py), if one did; 0 if none.
+    """
 
     wait_for_summary: bool
     wait_for_ceiling: bool
     reply: Reply[Context]
+    passed_by: int = attrs.field(default=0, init=False)
 
 
 @attrs.frozen(eq=False)
