@@ -5,8 +5,9 @@ follow), and the adds queued meanwhile go to the store as one append. What
 users see must be exactly what one add at a time gives: each caller gets the
 episodes it sent with their seqs, seqs dense in arrival order, an id repeated
 across two queued adds stored once, and no add overtakes a clear or delete
-queued before it. Adds join across a queued read, which is then answered once
-they are stored (they were all unacknowledged when it was sent).
+queued before it. Adds join across a queued read, which is then answered at its
+turn as of before them, without waiting for their commit (they were all
+unacknowledged when it was sent).
 
 The append in flight is held by blocking the store's worker thread inside its
 ``INSERT`` (SQLite's trace callback), so what queues behind it is certain.

@@ -135,10 +135,10 @@ class ActivationState:
     def _keep_boundary(self) -> None:
         """Record a moved eviction boundary in the store, so a reload shows the same window.
 
-        Queued into the next group commit, not waited for: it is one small
-        row update per eviction (a chunk of episodes, not a turn). If it is
-        lost (a crash right after the eviction), the next activation applies
-        the rules again from the last boundary stored.
+        It rides along with the next group commit (the next add's, usually),
+        not waited for and with no commit of its own: one small row update per
+        eviction. If it is lost (a crash before that commit), the next
+        activation applies the rules again from the last boundary stored.
         """
         boundary = self._window.evicted_through
         if boundary is None or boundary <= self._stored_boundary:

@@ -257,7 +257,10 @@ class Store(Protocol):
     def submit_eviction(self, session_id: str, token: int, through_seq: int, done: Completion[None]) -> None:
         """Queue recording that the session's raw window evicted everything up to ``through_seq``.
 
-        Does not wait; ``done`` is called once committed (or failed). See session/window.py.
+        Does not wait, nor cost a commit of its own while others run: it goes into
+        the next transaction, whatever else it holds (or alone, about a second
+        later, if none comes). ``done`` is called once committed (or failed).
+        See session/window.py.
         """
 
     async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:

@@ -73,6 +73,8 @@ log = logging.getLogger("memengine.store")
 TRANSACTION_ROWS = 2000
 #: Characters of content one transaction stores at most (a single larger episode goes alone).
 TRANSACTION_CHARS = 8_000_000
+#: Seconds an operation that rides along (see _ride_along) waits for a transaction before it commits on its own.
+RIDER_SECONDS = 1.0
 #: Seconds closing waits for submitted operations before interrupting them.
 CLOSE_TIMEOUT = 2.0
 #: Seconds, once closing stopped waiting for the work, that the statements it interrupted get to
@@ -106,6 +108,7 @@ class Committer(Transactions):
         self._longest_ttl = 0.0  # of the leases this store took: each part of a large add extends its own by it
         self._queue: deque[Submission] = deque()
         self._urgent: list[Submission] = []  # lease renewals: into the next transaction, first
+        self._riders: list[Submission] = []  # into the next transaction, whenever one runs (see submit_eviction)
         self._queue_filled = Wakeup()
         self._closing = False
         # Whether the worker thread is in a transaction, and whether closing gave up on it (then the
@@ -135,6 +138,17 @@ class Committer(Transactions):
         submission.urgent = urgent
         (self._urgent if urgent else self._queue).append(submission)
         self._queue_filled.set()
+
+    def _ride_along(self, submission: Submission) -> None:
+        """Queue an operation for the next transaction that runs for another reason (or as the store closes).
+
+        For what may wait and may be lost in a crash (an eviction boundary):
+        under load it costs no commit of its own; when nothing else comes
+        within :data:`RIDER_SECONDS`, it commits alone.
+        """
+        if self._closing:
+            raise EngineClosedError("the store is closed")
+        self._riders.append(submission)
 
     async def _submit(self, operation: Operation[T], *, urgent: bool = False) -> T:
         """Run ``operation`` in a write transaction; return its result once committed.
@@ -211,6 +225,9 @@ class Committer(Transactions):
     def _take_batch(self) -> list[Submission]:
         """The next transaction's operations: every urgent one, then queued ones up to the bounds."""
         batch, self._urgent = self._urgent, []
+        if self._riders:
+            batch.extend(self._riders)
+            self._riders = []
         rows = chars = 0
         queue = self._queue
         while queue:
@@ -229,12 +246,18 @@ class Committer(Transactions):
             # the engine does on its way out still needs the store.
             with self._committer_scope:
                 while True:
-                    if not self._queue and not self._urgent:
+                    if not self._queue and not self._urgent and not (self._closing and self._riders):
                         if self._closing:
                             return
                         self._queue_filled = Wakeup()
-                        await self._queue_filled.wait()
-                        continue
+                        if not self._riders:
+                            await self._queue_filled.wait()
+                            continue
+                        with anyio.move_on_after(RIDER_SECONDS) as waited:
+                            await self._queue_filled.wait()
+                        if not waited.cancelled_caught:
+                            continue
+                        # Nothing came for them to ride along with: they go on their own.
                     if self._aborted:
                         return
                     batch = in_flight = self._take_batch()
@@ -262,8 +285,8 @@ class Committer(Transactions):
                     "the store stopped while this operation was being committed; it may or may not be stored"
                 )
                 self._finish(submission)
-            left = [*self._urgent, *self._queue]
-            self._urgent, self._queue = [], deque()
+            left = [*self._urgent, *self._riders, *self._queue]
+            self._urgent, self._riders, self._queue = [], [], deque()
             for submission in left:
                 submission.result = None
                 submission.error = StoreError("the store closed before this operation ran; nothing of it was stored")
@@ -318,7 +341,7 @@ class Committer(Transactions):
                 self._close_by = time.monotonic() + INTERRUPT_SECONDS
                 return True
             self._close_by = time.monotonic() + INTERRUPT_SECONDS
-            pending = len(self._queue) + len(self._urgent)
+            pending = len(self._queue) + len(self._urgent) + len(self._riders)
             log.warning(
                 "the store did not finish its work in time (%.1f s; the database may be locked or unreachable); "
                 "interrupting it: %d queued operations are dropped, and unfinished work is redone at the next start",
@@ -423,7 +446,9 @@ class Committer(Transactions):
         )
         submission = Submission(operation, done)
         submission.eviction = (session_id, token, through_seq)  # so that evictions run together (_eviction_run)
-        self._enqueue(submission)
+        # No commit of its own: with the next add, or anything else (a lost boundary is applied again, see
+        # session/activation_state.py _keep_boundary). An fsync less per eviction at synchronous=FULL.
+        self._ride_along(submission)
 
 
 class _AppendInParts:

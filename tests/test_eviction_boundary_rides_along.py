@@ -1,0 +1,112 @@
+"""An eviction boundary costs no commit of its own: it rides along with the next transaction, or commits alone later.
+
+Every add that pushes episodes out of the window moves the session's
+eviction boundary, which is stored so that a reload shows the same window.
+It used to be a transaction of its own, right after the add's: the next add
+then waited for it (and at ``synchronous="FULL"`` paid a second fsync per
+add). Now it goes into the next transaction, whatever that holds; when none
+comes for about a second (store/committer.py, ``RIDER_SECONDS``), it commits
+alone; and closing the engine commits it.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+
+from memengine import Episode, SessionConfig, open_engine
+from memengine.store import committer
+
+from .fakes import GatedSummarizer
+
+pytestmark = pytest.mark.anyio
+
+GUARD = 30.0  # seconds: generous, for a loaded machine; only a broken engine gets near it
+# Long leases: no renewal (a transaction to ride with) comes during a test, however slow the machine.
+CONFIG = SessionConfig(max_episodes=2, evict_to=1, passivate_after=None, lease_ttl=600.0)
+
+
+class Transactions:
+    """The statements of every transaction the store's write connection commits (SQLite's trace callback)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: list[str] = []
+        self.committed: list[list[str]] = []
+
+    def __call__(self, statement: str) -> None:
+        with self._lock:
+            if statement.startswith("COMMIT"):
+                self.committed.append(self._current)
+                self._current = []
+            elif not statement.startswith("BEGIN"):
+                self._current.append(statement)
+
+    def with_boundaries(self) -> list[list[str]]:
+        with self._lock:
+            return [t for t in self.committed if any(s.startswith(BOUNDARY) for s in t)]
+
+
+BOUNDARY = "UPDATE sessions SET evicted_through"
+
+
+def writes(statements: list[str]) -> list[str]:
+    return [s for s in statements if s.split(None, 1)[0].upper() in {"INSERT", "UPDATE", "DELETE"}]
+
+
+def stored_boundary(db_path: Path, stored) -> int:  # type: ignore[no-untyped-def]
+    return stored.query("SELECT evicted_through FROM sessions WHERE session_id = 's'")[0][0]  # type: ignore[no-any-return]
+
+
+async def test_under_adds_every_eviction_boundary_goes_into_an_adds_commit(db_path, stored, monkeypatch) -> None:
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)  # never alone: only with other work
+    transactions = Transactions()
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, config=CONFIG) as engine:
+            session = engine.session("s")
+            await session.context()
+            engine.store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
+            for turn in range(1, 21):
+                await session.add([Episode("user", f"turn {turn}")])
+            evicted = (await session.context()).evicted_through
+            engine.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    assert evicted is not None and evicted >= 18
+    with_boundaries = transactions.with_boundaries()
+    assert with_boundaries, "no eviction boundary was stored while adds came"
+    alone = [statements for statements in with_boundaries if all(s.startswith(BOUNDARY) for s in writes(statements))]
+    assert alone == [], "eviction boundaries committed on their own"
+    assert any(any(s.startswith("INSERT INTO episodes") for s in t) for t in with_boundaries)
+    # Closing committed the last one.
+    assert stored_boundary(db_path, stored) == evicted
+
+
+async def test_with_nothing_else_to_ride_with_a_boundary_commits_alone(db_path, stored) -> None:
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, config=CONFIG) as engine:
+            session = engine.session("s")
+            for turn in range(1, 5):
+                await session.add([Episode("user", f"turn {turn}")])
+            evicted = (await session.context()).evicted_through
+            assert evicted is not None
+            while stored_boundary(db_path, stored) != evicted:  # noqa: ASYNC110 - polls the stored row
+                await anyio.sleep(0.02)
+            # ... while the engine is still open, with no other write since.
+
+
+async def test_closing_the_engine_commits_a_boundary_still_waiting(db_path, stored, monkeypatch) -> None:
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
+    summarizer = GatedSummarizer()  # never released: no summary is stored for the boundary to ride with
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, config=CONFIG, summarizer=summarizer) as engine:
+            session = engine.session("s")
+            for turn in range(1, 5):
+                await session.add([Episode("user", f"turn {turn}")])
+            evicted = (await session.context()).evicted_through
+            assert evicted is not None
+            assert stored_boundary(db_path, stored) < evicted  # waiting for a transaction to ride with
+    assert stored_boundary(db_path, stored) == evicted
+    async with open_engine(db_path, config=CONFIG) as engine:  # and a reload shows the same window
+        assert (await engine.session("s").context()).evicted_through == evicted
