@@ -41,3 +41,24 @@ def test_extras_that_name_the_project_use_its_own_name() -> None:
     for requirements in extras.values():
         for requirement in requirements:
             assert not requirement.startswith("memengine["), requirement
+
+
+def test_the_version_is_read_without_scanning_every_installed_distribution(monkeypatch) -> None:
+    """The first open_engine asks for it on the event loop: one metadata read, not all of them (56 ms here)."""
+    from importlib.metadata import version
+
+    from memengine import _version
+
+    scans: list[str] = []
+    monkeypatch.setattr(_version, "packages_distributions", lambda: scans.append("scan") or packages_distributions())
+    _version.installed_version.cache_clear()
+    try:
+        assert _version.installed_version() == version(distribution_name())
+        assert scans == []
+        # Installed under another name: found by the scan.
+        monkeypatch.setattr(_version, "DISTRIBUTION", "agent-memengine-renamed-copy")
+        _version.installed_version.cache_clear()
+        assert _version.installed_version() == version(distribution_name())
+        assert scans == ["scan"]
+    finally:
+        _version.installed_version.cache_clear()
