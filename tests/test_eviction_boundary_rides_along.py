@@ -110,3 +110,19 @@ async def test_closing_the_engine_commits_a_boundary_still_waiting(db_path, stor
     assert stored_boundary(db_path, stored) == evicted
     async with open_engine(db_path, config=CONFIG) as engine:  # and a reload shows the same window
         assert (await engine.session("s").context()).evicted_through == evicted
+
+
+async def test_a_boundary_moved_by_an_activation_commits_within_a_quiet_second(db_path, stored) -> None:
+    """Not only after an add: reloaded into a smaller window, the session evicts at activation, and nothing else
+    comes to ride with (no add, no summary, no lease renewal for minutes): the boundary still commits on its own."""
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, config=SessionConfig(max_episodes=100, passivate_after=None)) as engine:
+            for turn in range(1, 11):
+                await engine.session("s").add([Episode("user", f"turn {turn}")])
+        assert stored_boundary(db_path, stored) == 0
+        summarizer = GatedSummarizer()  # never released: no summary is stored for the boundary to ride with
+        async with open_engine(db_path, config=CONFIG, summarizer=summarizer) as engine:
+            evicted = (await engine.session("s").context()).evicted_through
+            assert evicted is not None and evicted >= 8
+            while stored_boundary(db_path, stored) != evicted:  # noqa: ASYNC110 - polls the stored row
+                await anyio.sleep(0.02)

@@ -160,6 +160,8 @@ class ClientHandlers(ActivationState):
             # store's thread from committing (it needs the GIL too); each read waits for at most one commit.
             await self._settle_append()
         await self._lease.ensure_valid()  # memory may be stale if another process took the session over
+        if self._given_up is not None:  # (the append in flight, not waited for above, may have failed meanwhile)
+            raise NotHandled
         evicted_through = self._window.evicted_through
         if message.wait_for_summary and evicted_through is not None and self._summary.set_aside is not None:
             self._fail(message, set_aside_error(self.session_id, self._summary.set_aside))  # nothing to wait for

@@ -17,6 +17,7 @@ closes is left behind (committer.py) and never holds up the interpreter's exit.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -26,6 +27,7 @@ from typing import Any, Generic, TypeVar
 from ..actor.wakeup import Wakeup, call_soon_from_thread
 
 T = TypeVar("T")
+log = logging.getLogger("memengine.store")
 
 
 class _Job(Generic[T]):
@@ -83,4 +85,6 @@ def _serve(jobs: queue.SimpleQueue[_Job[Any] | None]) -> None:
             job.call_soon(job.done.set)
         except RuntimeError:
             pass  # the caller's event loop has closed: nobody waits for this job any more
+        except Exception:  # never let the thread end while the store may still give it jobs
+            log.exception("answering a store transaction's caller failed")
         del job  # hold nothing of it while waiting for the next

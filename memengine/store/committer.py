@@ -149,6 +149,9 @@ class Committer(Transactions):
         if self._closing:
             raise EngineClosedError("the store is closed")
         self._riders.append(submission)
+        if len(self._riders) == 1:
+            # A committer waiting for work with no rider waits without a deadline: start its clock.
+            self._queue_filled.set()
 
     async def _submit(self, operation: Operation[T], *, urgent: bool = False) -> T:
         """Run ``operation`` in a write transaction; return its result once committed.
