@@ -9,7 +9,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from trio.testing import MockClock
+
+# -- property tests: never judged by the machine's speed ---------------------------------
+# Hypothesis's defaults fail a test whose example takes over 200 ms (deadline) or whose inputs take
+# over a second or so to draw (too_slow): on a loaded machine (two CPU hogs beside the suite) a single
+# draw took 2.9 s. What a property test checks is its property; a test's own settings add to these.
+settings.register_profile("memengine", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("memengine")
 
 # -- how the suite runs: soaks, test order ---------------------------------------------
 
