@@ -161,6 +161,39 @@ async def test_a_reap_leaves_an_incarnation_registered_under_the_same_name_meanw
     assert lease_left > 500  # the restart keeps the session it took
 
 
+async def test_a_restart_just_found_dead_gets_its_grace_though_a_former_incarnation_died_long_ago(pg_url) -> None:
+    """An owner restarted under its name keeps its former incarnation's row while it lives (a reap of the former
+    one stops at the living one). When the restart's own lock is lost for a moment (its connection killed), the
+    grace counts from when *it* was found dead, not from the former incarnation's death: it is not reaped at once.
+    (Seen in the chaos soak: a live replica reaped within a second of a connection kill, after restarts.)"""
+    from memengine.store.dialect import Db, postgres_dialect
+    from memengine.store.liveness import AdvisoryLiveness
+    from memengine.store.owners import reap
+
+    async with open_engine(pg_url, config=CONFIG, owner="survivor"):
+        pass  # the schema
+    with psycopg.connect(pg_url, autocommit=True) as setup, psycopg.connect(pg_url) as reaping:
+        setup.execute(
+            "INSERT INTO engine_owners (incarnation, owner, lock_key, host, pid, started_at, dead_since) VALUES "
+            "('former', 'x', 4141, 'elsewhere/boot', 1, 0, 0), "  # found dead long ago
+            "('restarted', 'x', 4343, 'elsewhere/boot', 2, 0, NULL)"  # alive until its lock was lost just now
+        )
+        setup.execute(
+            "INSERT INTO session_leases (session_id, owner, token, expires_at) "
+            "VALUES ('s', 'x', 1, extract(epoch from clock_timestamp()) + 600)"
+        )
+        liveness = AdvisoryLiveness(lambda: None)
+        reaped = reap(Db(reaping, postgres_dialect()), liveness, "survivor", ["x"])
+        reaping.commit()
+        (lease_left,) = setup.execute(
+            "SELECT expires_at - extract(epoch from clock_timestamp()) FROM session_leases WHERE session_id = 's'"
+        ).fetchone()
+        registered = setup.execute("SELECT count(*) FROM engine_owners WHERE owner = 'x'").fetchone()
+    assert liveness.grace > 0
+    assert reaped.owners == () and reaped.waiting  # found dead now: its grace starts now
+    assert lease_left > 500 and registered == (2,)
+
+
 async def test_a_reap_passes_over_claims_another_transaction_holds_and_comes_back_for_them(pg_url) -> None:
     claim = (
         "INSERT INTO retain_outbox (session_id, first_seq, last_seq, mode, key, episodes, created_at, claimed_by, "

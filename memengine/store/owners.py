@@ -243,7 +243,9 @@ def reap(db: Db, liveness: Liveness, own: str, owners: Sequence[str]) -> Reaped:
         names = [each.name for each in incarnations]
         these = f"incarnation IN ({placeholders(len(names))})"
         db.execute(f"UPDATE engine_owners SET dead_since = {{now}} WHERE {these} AND dead_since IS NULL", names)
-        (dead_for,) = db.execute(f"SELECT {{now}} - min(dead_since) FROM engine_owners WHERE {these}", names).fetchone()
+        # Dead since the last of them was found dead: a former incarnation found dead long ago (its row stays
+        # while a restart under its name lives) gives no grace to a restart whose lock was lost a moment ago.
+        (dead_for,) = db.execute(f"SELECT {{now}} - max(dead_since) FROM engine_owners WHERE {these}", names).fetchone()
         # A process of this machine that has ended can neither write nor answer a read: no grace.
         gone = all(liveness.process_gone(each.host, each.pid) for each in incarnations)
         if not gone and float(dead_for) < liveness.grace:
