@@ -513,6 +513,42 @@ async def test_calls_after_the_servers_dropped_the_idle_connections_succeed(pg_u
 
 
 @pytest.mark.anyio
+async def test_an_add_succeeds_when_the_new_connection_is_dropped_too(pg_url: str) -> None:
+    """The engine's connections are killed, and the first connection made to replace the writer is killed as it is
+    made (the chaos soak kills several backends of a replica at once): BEGIN finds it gone too, nothing is in flight,
+    and the add goes on a third connection instead of failing with "could not begin a transaction"."""
+    app = f"memengine-fault-{uuid.uuid4().hex[:10]}"
+    config = SessionConfig(lease_ttl=30.0, passivate_after=None)  # no renewal touches the connections meanwhile
+    with anyio.fail_after(60):
+        async with open_engine(named(pg_url, app), owner="dropped", config=config) as engine:
+            await engine.session("s").add([Episode("user", "first words")])
+            store: Any = engine.store
+            new_connection = store._new_connection
+            made: list[Any] = []
+
+            def dropped_as_it_is_made() -> Any:
+                conn = new_connection()
+                if not made:
+                    pid = conn.info.backend_pid
+                    with psycopg.connect(POSTGRES_SERVER, autocommit=True) as killer:
+                        killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                        while killer.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+                            time.sleep(0.01)  # until the server has ended it (the test's deadline bounds this)
+                made.append(conn)
+                return conn
+
+            store._new_connection = dropped_as_it_is_made
+            assert await anyio.to_thread.run_sync(terminate_backends, app) >= 1
+            (stored,) = await engine.session("s").add([Episode("user", "second words")])
+            assert stored.seq == 2
+            assert len(made) == 2  # the first replacement was gone too; the second one served
+    assert [c for (c,) in StoreRows(pg_url).query("SELECT content FROM episodes ORDER BY seq")] == [
+        "first words",
+        "second words",
+    ]
+
+
+@pytest.mark.anyio
 async def test_leases_are_kept_across_a_dropped_connection(pg_url: str) -> None:
     """The engine's connections are killed while it holds a session; lease renewals come due meanwhile.
 

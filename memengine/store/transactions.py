@@ -26,6 +26,8 @@ from .submission import Submission
 log = logging.getLogger("memengine.store")
 
 _TRANSIENT_ATTEMPTS = 8
+#: New connections one batch may get when BEGIN finds its connection gone (nothing in flight then).
+_RECONNECTS = 3
 #: After the n-th deadlock in a row: 5 ms * n, plus up to 10 ms of jitter (drawn from the engine's own random source).
 _DEADLOCK_WAIT = tenacity.wait_incrementing(start=0.005, increment=0.005) + wait_jitter(0, 0.01)
 
@@ -45,7 +47,7 @@ class Transactions(BackendHooks):
         super().__init__(conn, dialect, reader)
         self._aborted = False  # read by the worker thread: stop starting transactions
         self._transient = False  # set (in the worker thread) when an operation met a deadlock
-        self._reconnected = False  # whether the batch being committed already got a new connection
+        self._reconnects = 0  # new connections the batch being committed got (at most _RECONNECTS)
 
     def _commit(self, batch: list[Submission]) -> None:
         """Run a batch of operations in one transaction (in the worker thread).
@@ -56,7 +58,7 @@ class Transactions(BackendHooks):
         with (PostgreSQL aborted ours) is run again, all of it, after a short
         jittered pause (retrying.py, on tenacity).
         """
-        self._reconnected = False
+        self._reconnects = 0
         try:
             with_retries_in_thread(
                 lambda: self._commit_once(batch),
@@ -99,10 +101,12 @@ class Transactions(BackendHooks):
             self._begin(db)
         except errors as exc:
             self._rollback(db)
-            if self._connection_lost() and not self._reconnected:
+            if self._connection_lost() and self._reconnects < _RECONNECTS:
                 # Dropped while idle, or during the attempt before (which the server then rolled
                 # back): nothing is in flight, so the transaction is simply begun on a new connection.
-                self._reconnected = True
+                # More than once: the fault that dropped one connection (a failover, an operator
+                # ending a replica's sessions) may drop the next as it is made.
+                self._reconnects += 1
                 log.info("the store's connection was lost (%s); reconnecting", exc)
                 try:
                     self._reconnect()
