@@ -12,7 +12,6 @@ alone; and closing the engine commits it.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import anyio
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from memengine import Episode, SessionConfig, open_engine
 from memengine.store import committer
 
+from .conftest import StoredRows
 from .fakes import GatedSummarizer
 
 pytestmark = pytest.mark.anyio
@@ -57,7 +57,7 @@ def writes(statements: list[str]) -> list[str]:
     return [s for s in statements if s.split(None, 1)[0].upper() in {"INSERT", "UPDATE", "DELETE"}]
 
 
-def stored_boundary(db_path: Path, stored) -> int:  # type: ignore[no-untyped-def]
+def stored_boundary(stored: StoredRows) -> int:
     return stored.query("SELECT evicted_through FROM sessions WHERE session_id = 's'")[0][0]  # type: ignore[no-any-return]
 
 
@@ -80,7 +80,7 @@ async def test_under_adds_every_eviction_boundary_goes_into_an_adds_commit(db_pa
     assert alone == [], "eviction boundaries committed on their own"
     assert any(any(s.startswith("INSERT INTO episodes") for s in t) for t in with_boundaries)
     # Closing committed the last one.
-    assert stored_boundary(db_path, stored) == evicted
+    assert stored_boundary(stored) == evicted
 
 
 async def test_with_nothing_else_to_ride_with_a_boundary_commits_alone(db_path, stored) -> None:
@@ -91,7 +91,7 @@ async def test_with_nothing_else_to_ride_with_a_boundary_commits_alone(db_path, 
                 await session.add([Episode("user", f"turn {turn}")])
             evicted = (await session.context()).evicted_through
             assert evicted is not None
-            while stored_boundary(db_path, stored) != evicted:  # noqa: ASYNC110 - polls the stored row
+            while stored_boundary(stored) != evicted:  # noqa: ASYNC110 - polls the stored row
                 await anyio.sleep(0.02)
             # ... while the engine is still open, with no other write since.
 
@@ -106,8 +106,8 @@ async def test_closing_the_engine_commits_a_boundary_still_waiting(db_path, stor
                 await session.add([Episode("user", f"turn {turn}")])
             evicted = (await session.context()).evicted_through
             assert evicted is not None
-            assert stored_boundary(db_path, stored) < evicted  # waiting for a transaction to ride with
-    assert stored_boundary(db_path, stored) == evicted
+            assert stored_boundary(stored) < evicted  # waiting for a transaction to ride with
+    assert stored_boundary(stored) == evicted
     async with open_engine(db_path, config=CONFIG) as engine:  # and a reload shows the same window
         assert (await engine.session("s").context()).evicted_through == evicted
 
@@ -119,10 +119,10 @@ async def test_a_boundary_moved_by_an_activation_commits_within_a_quiet_second(d
         async with open_engine(db_path, config=SessionConfig(max_episodes=100, passivate_after=None)) as engine:
             for turn in range(1, 11):
                 await engine.session("s").add([Episode("user", f"turn {turn}")])
-        assert stored_boundary(db_path, stored) == 0
+        assert stored_boundary(stored) == 0
         summarizer = GatedSummarizer()  # never released: no summary is stored for the boundary to ride with
         async with open_engine(db_path, config=CONFIG, summarizer=summarizer) as engine:
             evicted = (await engine.session("s").context()).evicted_through
             assert evicted is not None and evicted >= 8
-            while stored_boundary(db_path, stored) != evicted:  # noqa: ASYNC110 - polls the stored row
+            while stored_boundary(stored) != evicted:  # noqa: ASYNC110 - polls the stored row
                 await anyio.sleep(0.02)
