@@ -120,3 +120,42 @@ def test_a_job_that_ends_after_its_event_loop_closed_is_dropped_quietly(anyio_ba
         threading.excepthook = hook
         release.set()
         commits.stop()
+
+
+async def test_a_started_job_answers_on_the_loop_in_order_and_anyio_works_in_the_answer() -> None:
+    """``start`` returns at once; each answer is a callback on the caller's loop (where anyio works, as in a task)."""
+    commits = CommitThread("test commits")
+    loop_thread = threading.current_thread()
+    answers: list[tuple[object, str | None, bool, float]] = []
+    all_answered = anyio.Event()
+
+    def answer(result: object, error: BaseException | None) -> None:
+        # anyio calls that need to know the running loop: an Event, the loop's clock.
+        anyio.Event().set()
+        answers.append(
+            (
+                result,
+                None if error is None else str(error),
+                threading.current_thread() is loop_thread,
+                anyio.current_time(),
+            )
+        )
+        if len(answers) == 3:
+            all_answered.set()
+
+    def fails() -> None:
+        raise ValueError("the job failed")
+
+    try:
+        with anyio.fail_after(DEADLINE):
+            commits.start(lambda: 1, (), answer)
+            commits.start(fails, (), answer)
+            commits.start(lambda n: n * 2, (21,), answer)
+            await all_answered.wait()
+        assert [(result, error, on_loop) for result, error, on_loop, _ in answers] == [
+            (1, None, True),
+            (None, "the job failed", True),
+            (42, None, True),
+        ]
+    finally:
+        commits.stop()

@@ -421,7 +421,9 @@ async def test_failed_clear_and_delete_change_nothing_and_can_be_retried(db_path
         faults.heal()
         assert await session.delete_episodes([1, 3]) == 2
         assert [content for _, content in stored.episodes("s")] == ["turn 2", "turn 4"]
-        assert stored.summaries("s") == []  # the summary covered a deleted episode
+        # The summary covered a deleted episode: gone. (The summarizer may already have summarized the
+        # survivors it evicts again: a summary of "turn 2" alone.)
+        assert stored.summaries("s") in ([], [(2, "turn 2")])
         await session.clear()
         assert stored.episodes("s") == [] and stored.summaries("s") == []
         assert [e.seq for e in await session.add([Episode("user", "after clear")])] == [5]  # seqs are not reused

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 
@@ -9,6 +11,8 @@ from memengine import Episode, StoreError, open_engine
 from memengine.store.sqlite import open_sqlite_store
 
 pytestmark = pytest.mark.anyio
+
+DEADLINE = 30.0  # seconds: generous, for a loaded machine; only a broken committer gets near it
 
 
 async def test_concurrent_adds_share_transactions(db_path, stored) -> None:
@@ -27,6 +31,32 @@ async def test_concurrent_adds_share_transactions(db_path, stored) -> None:
     assert stored.query("SELECT count(*) FROM episodes") == [(50,)]
 
 
+async def test_a_write_to_an_idle_store_starts_committing_before_the_submitter_yields(db_path) -> None:
+    """An idle store starts the transaction from the submitter's own step: no task switch of the committer's first.
+
+    The loop is held (a blocking wait, no checkpoint) right after the submit:
+    only a transaction started by the submit itself can run meanwhile.
+    """
+    in_thread = threading.Event()
+    answered: list[object] = []
+    done = anyio.Event()
+
+    def answer(result: object, error: BaseException | None) -> None:
+        answered.append(error)
+        done.set()
+
+    async with open_sqlite_store(db_path) as store:
+        token, _ = await store.activate("s", 60.0)
+        await store.load_session("s")  # the committer is idle, parked
+        store._conn.set_trace_callback(lambda statement: in_thread.set())  # type: ignore[attr-defined]
+        store.submit_append("s", token, 1, [Episode("user", "hello")], answer)
+        assert in_thread.wait(DEADLINE)  # (the loop does not run until this returns)
+        store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        with anyio.fail_after(DEADLINE):
+            await done.wait()
+    assert answered == [None]
+
+
 async def test_a_failing_write_fails_alone(db_path, stored) -> None:
     outcomes: dict[str, object] = {}
 
@@ -40,8 +70,8 @@ async def test_a_failing_write_fails_alone(db_path, stored) -> None:
         tokens = {name: (await store.activate(name, 60.0))[0] for name in "abc"}
         store.submit_append("a", tokens["a"], 1, [Episode("user", "a1", id="first")], record("a1"))
         await store.load_session("a")  # a1 committed
-        # Submitted together, so they share one transaction: a stale seq for "a" fails,
-        # the other two appends must still be stored.
+        # b1 starts a transaction of its own at once (the store is idle); the two submitted while it
+        # commits share the next one: a stale seq for "a" fails, the other append must still be stored.
         store.submit_append("b", tokens["b"], 1, [Episode("user", "b1")], record("b1"))
         store.submit_append("a", tokens["a"], 1, [Episode("user", "a-stale", id="second")], record("stale"))
         store.submit_append("c", tokens["c"], 1, [Episode("user", "c1")], record("c1"))

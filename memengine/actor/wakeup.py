@@ -19,6 +19,7 @@ saving is large, tested on both backends (tests/test_wakeup.py).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -97,18 +98,33 @@ def current_loop() -> object:
     return asyncio.get_running_loop()
 
 
-def call_soon_from_thread() -> Callable[[Callable[[], object]], object]:
+def call_soon_from_thread() -> Callable[..., object]:
     """How another thread asks the running event loop to call a function soon (without waiting for it).
 
     asyncio's ``loop.call_soon_threadsafe``, or trio's ``TrioToken.run_sync_soon``:
-    what a thread that finished work for the loop uses to set a :class:`Wakeup`
-    (store/commit_thread.py). Asked on the loop's thread; the function it
-    returns may be called from any thread, and raises :class:`RuntimeError`
-    once that loop has closed (trio's ``RunFinishedError`` is one).
+    what a thread that finished work for the loop uses to hand it back
+    (store/commit_thread.py): ``call_soon(function, *args)``. Asked on the
+    loop's thread; the function it returns may be called from any thread, and
+    raises :class:`RuntimeError` once that loop has closed (trio's
+    ``RunFinishedError`` is one).
+
+    The function runs as a callback of the loop, in no task. Under trio,
+    anyio knows its loop there as anywhere in the run; an asyncio callback
+    runs in a context of its own (none of the asking task's variables) that
+    names asyncio to sniffio, as anyio's own ``from_thread`` calls do, so the
+    anyio calls it makes (an ``anyio.Event``, the current time) work as in a task.
     """
     if _under_trio():
         return _trio_lowlevel().current_trio_token().run_sync_soon  # type: ignore[no-any-return]
-    return asyncio.get_running_loop().call_soon_threadsafe
+    loop = asyncio.get_running_loop()
+    context = contextvars.Context()
+    if sniffio is not None:
+        context.run(sniffio.current_async_library_cvar.set, "asyncio")
+
+    def call_soon(function: Callable[..., object], *args: Any) -> object:
+        return loop.call_soon_threadsafe(function, *args, context=context)
+
+    return call_soon
 
 
 def _under_trio() -> bool:

@@ -8,6 +8,12 @@ and back in about two thirds of that time (measured: 110-120 us against
 150-185 us on asyncio and trio, on a shared 2-core machine), and a single add
 waits for exactly one such hop.
 
+A job is either awaited (:meth:`CommitThread.run`) or started with a
+function that receives its outcome on the loop (:meth:`CommitThread.start`):
+the committer starts a transaction from whatever task submitted to an idle
+store, and answers its callers from that callback, so a single add waits for
+no task switch of the committer's on either side of its commit.
+
 One job at a time, in the order submitted, so one thread is ever on the
 write connection. A caller cancelled while it waits only stops waiting (as
 ``abandon_on_cancel``): the job still runs, and its result is dropped. The
@@ -30,13 +36,19 @@ T = TypeVar("T")
 log = logging.getLogger("memengine.store")
 
 
-class _Job(Generic[T]):
-    __slots__ = ("args", "call_soon", "done", "error", "function", "result")
+#: What a started job's outcome is handed to, on the event loop: ``answer(result, error)``.
+Answer = Callable[[Any, "BaseException | None"], object]
 
-    def __init__(self, function: Callable[..., T], args: tuple[Any, ...], call_soon: Callable[..., object]) -> None:
+
+class _Job(Generic[T]):
+    __slots__ = ("answer", "args", "call_soon", "error", "function", "result")
+
+    def __init__(
+        self, function: Callable[..., T], args: tuple[Any, ...], call_soon: Callable[..., object], answer: Answer
+    ) -> None:
         self.function = function
         self.args = args
-        self.done = Wakeup()
+        self.answer = answer
         self.call_soon = call_soon
         self.result: T | None = None
         self.error: BaseException | None = None
@@ -53,14 +65,29 @@ class CommitThread:
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """Run ``function(*args)`` in the thread; return its result, or raise what it raised."""
+        done = Wakeup()
+        outcome: list[Any] = []
+
+        def answer(result: T, error: BaseException | None) -> None:
+            outcome[:] = (result, error)
+            done.set()
+
+        self.start(function, args, answer)
+        await done.wait()  # cancelled: the job runs on, and nobody reads its result
+        result, error = outcome
+        if error is not None:
+            raise error
+        return result  # type: ignore[no-any-return]
+
+    def start(self, function: Callable[..., T], args: tuple[Any, ...], answer: Answer) -> None:
+        """Have ``function(*args)`` run in the thread, then ``answer(result, error)`` called on this event loop.
+
+        Called on the event loop's thread; returns at once. ``answer`` runs as
+        a callback of the loop (not in a task), after every job given before.
+        """
         if self._thread is None or self._pid != os.getpid():
             self._start()
-        job: _Job[T] = _Job(function, args, call_soon_from_thread())
-        self._jobs.put(job)
-        await job.done.wait()  # cancelled: the job runs on, and nobody reads its result
-        if job.error is not None:
-            raise job.error
-        return job.result  # type: ignore[return-value]
+        self._jobs.put(_Job(function, args, call_soon_from_thread(), answer))
 
     def stop(self) -> None:
         """Let the thread end once the jobs already given have run (it is not waited for)."""
@@ -82,7 +109,7 @@ def _serve(jobs: queue.SimpleQueue[_Job[Any] | None]) -> None:
         except BaseException as exc:  # handed to the caller, whatever it is
             job.error = exc
         try:
-            job.call_soon(job.done.set)
+            job.call_soon(job.answer, job.result, job.error)
         except RuntimeError:
             pass  # the caller's event loop has closed: nobody waits for this job any more
         except Exception:  # never let the thread end while the store may still give it jobs

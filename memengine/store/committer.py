@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -75,6 +76,8 @@ TRANSACTION_ROWS = 2000
 TRANSACTION_CHARS = 8_000_000
 #: Seconds an operation that rides along (see _ride_along) waits for a transaction before it commits on its own.
 RIDER_SECONDS = 1.0
+#: Seconds a summary waits to ride along with another write (an add, most often) before it commits on its own.
+SUMMARY_RIDER_SECONDS = 0.05
 #: Seconds closing waits for submitted operations before interrupting them.
 CLOSE_TIMEOUT = 2.0
 #: Seconds, once closing stopped waiting for the work, that the statements it interrupted get to
@@ -86,6 +89,17 @@ INTERRUPT_SECONDS = 2.0
 def new_owner_id() -> str:
     """This process's name in lease rows: host, pid and a random part (pids are reused)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class _Running:
+    """A transaction handed to the commit thread: its operations, and when (and how) it returned."""
+
+    __slots__ = ("batch", "done", "error")
+
+    def __init__(self, batch: list[Submission]) -> None:
+        self.batch = batch
+        self.done = Wakeup()
+        self.error: BaseException | None = None
 
 
 class Committer(Transactions):
@@ -108,8 +122,11 @@ class Committer(Transactions):
         self._longest_ttl = 0.0  # of the leases this store took: each part of a large add extends its own by it
         self._queue: deque[Submission] = deque()
         self._urgent: list[Submission] = []  # lease renewals: into the next transaction, first
-        self._riders: list[Submission] = []  # into the next transaction, whenever one runs (see submit_eviction)
+        self._riders: list[Submission] = []  # into the next transaction, whenever one runs (see _ride_along)
+        self._riders_due = math.inf  # anyio.current_time() by which the riders commit, alone if need be
         self._queue_filled = Wakeup()
+        self._parked = False  # the committer waits for work, and a submission may start a transaction itself
+        self._running: _Running | None = None  # the transaction in the thread, until its callers are answered
         self._closing = False
         # Whether the worker thread is in a transaction, and whether closing gave up on it (then the
         # thread closes the connection itself when it returns). Guarded by _thread_state.
@@ -137,30 +154,44 @@ class Committer(Transactions):
             raise EngineClosedError("the store is closed")
         submission.urgent = urgent
         (self._urgent if urgent else self._queue).append(submission)
-        self._queue_filled.set()
+        if self._parked and self._running is None and not self._aborted:
+            # An idle store: the transaction starts now, from the submitter's task, not a task switch
+            # later; the committer stays parked (its callback wakes the committer if more comes meanwhile).
+            self._start_batch()
+        elif self._parked and self._running is None:
+            self._queue_filled.set()
+        # (Otherwise the committer is on its way, or waits for the transaction in flight, then looks.)
 
-    def _ride_along(self, submission: Submission) -> None:
+    def _ride_along(self, submission: Submission, within: float | None = None) -> None:
         """Queue an operation for the next transaction that runs for another reason (or as the store closes).
 
-        For what may wait and may be lost in a crash (an eviction boundary):
+        For what may wait (an eviction boundary, which may even be lost in a
+        crash; a summary, whose episodes stay shown raw until it is stored):
         under load it costs no commit of its own; when nothing else comes
-        within :data:`RIDER_SECONDS`, it commits alone.
+        within ``within`` seconds (:data:`RIDER_SECONDS`), it commits alone.
         """
         if self._closing:
             raise EngineClosedError("the store is closed")
         self._riders.append(submission)
-        if len(self._riders) == 1:
-            # A committer waiting for work with no rider waits without a deadline: start its clock.
+        due = anyio.current_time() + (RIDER_SECONDS if within is None else within)
+        if due < self._riders_due:
+            # A committer waiting for work waits until the riders are due: start (or shorten) its clock.
+            self._riders_due = due
             self._queue_filled.set()
 
-    async def _submit(self, operation: Operation[T], *, urgent: bool = False) -> T:
+    async def _submit(self, operation: Operation[T], *, urgent: bool = False, ride: float | None = None) -> T:
         """Run ``operation`` in a write transaction; return its result once committed.
 
-        If the caller is cancelled while waiting, the operation still runs.
+        With ``ride``, it rides along with the next transaction, or commits
+        alone ``ride`` seconds later (see _ride_along). If the caller is
+        cancelled while waiting, the operation still runs.
         """
         submission = Submission(operation)
         submission.finished = Wakeup()
-        self._enqueue(submission, urgent=urgent)
+        if ride is None:
+            self._enqueue(submission, urgent=urgent)
+        else:
+            self._ride_along(submission, ride)
         await submission.finished.wait()
         if submission.error is not None:
             raise submission.error
@@ -231,6 +262,7 @@ class Committer(Transactions):
         if self._riders:
             batch.extend(self._riders)
             self._riders = []
+            self._riders_due = math.inf
         rows = chars = 0
         queue = self._queue
         while queue:
@@ -243,46 +275,37 @@ class Committer(Transactions):
         return batch
 
     async def _run_committer(self) -> None:
-        in_flight: list[Submission] = []
         try:
             # Shielded: the code around the engine may be cancelled, but what
             # the engine does on its way out still needs the store.
             with self._committer_scope:
                 while True:
-                    if not self._queue and not self._urgent and not (self._closing and self._riders):
-                        if self._closing:
+                    if self._running is None:
+                        if not self._queue and not self._urgent and not (self._closing and self._riders):
+                            if self._closing:
+                                return
+                            if not await self._wait_for_work():
+                                continue
+                            # Nothing came for the riders to ride along with: they go on their own.
+                        if self._aborted:
                             return
-                        self._queue_filled = Wakeup()
-                        if not self._riders:
-                            await self._queue_filled.wait()
-                            continue
-                        with anyio.move_on_after(RIDER_SECONDS) as waited:
-                            await self._queue_filled.wait()
-                        if not waited.cancelled_caught:
-                            continue
-                        # Nothing came for them to ride along with: they go on their own.
-                    if self._aborted:
-                        return
-                    batch = in_flight = self._take_batch()
-                    extra = self._housekeeping()
-                    if extra is not None:
-                        batch.append(Submission(extra))
-                    try:
-                        with self._thread_state:
-                            self._thread_busy = True
-                        # Abandoned only when closing gave up on an interrupted statement (see aclose).
-                        await self._commit_thread.run(self._commit_in_thread, batch)
-                    except Exception as exc:
+                        if self._running is None:  # (a submission may have started one while we waited)
+                            self._start_batch()
+                    running = self._running
+                    assert running is not None
+                    await running.done.wait()
+                    if running.error is not None:
                         # A bug or an unexpected error: fail this batch, keep the committer (and engine) alive.
-                        log.exception("a store transaction failed unexpectedly")
-                        await self._commit_thread.run(self._abandon, batch, exc)
-                    in_flight = []
-                    self._committed()
-                    for submission in batch:
-                        self._finish(submission)
+                        log.error("a store transaction failed unexpectedly", exc_info=running.error)
+                        await self._commit_thread.run(self._abandon, running.batch, running.error)
+                        self._running = None
+                        self._committed()
+                        for submission in running.batch:
+                            self._finish(submission)
         finally:
             # Stopped early (an interrupted close): nobody may wait for ever.
-            for submission in in_flight:
+            running, self._running = self._running, None
+            for submission in running.batch if running is not None else ():
                 submission.result = None
                 submission.error = UncertainCommitError(
                     "the store stopped while this operation was being committed; it may or may not be stored"
@@ -290,11 +313,61 @@ class Committer(Transactions):
                 self._finish(submission)
             left = [*self._urgent, *self._riders, *self._queue]
             self._urgent, self._riders, self._queue = [], [], deque()
+            self._riders_due = math.inf
             for submission in left:
                 submission.result = None
                 submission.error = StoreError("the store closed before this operation ran; nothing of it was stored")
                 self._finish(submission)
             self._committer_done.set()
+
+    async def _wait_for_work(self) -> bool:
+        """Park until something is submitted; False if it was, True if the riders waited out their time.
+
+        While parked, a submission starts its transaction itself (see _enqueue).
+        """
+        self._queue_filled = Wakeup()
+        self._parked = True
+        try:
+            if not self._riders:
+                await self._queue_filled.wait()
+                return False
+            with anyio.move_on_after(self._riders_due - anyio.current_time()) as waited:
+                await self._queue_filled.wait()
+            return waited.cancelled_caught
+        finally:
+            self._parked = False
+
+    def _start_batch(self) -> None:
+        """Take the next transaction's operations and start committing them in the thread (no waiting)."""
+        batch = self._take_batch()
+        extra = self._housekeeping()
+        if extra is not None:
+            batch.append(Submission(extra))
+        running = self._running = _Running(batch)
+        with self._thread_state:
+            self._thread_busy = True
+        # Abandoned only when closing gave up on an interrupted statement (see aclose).
+        self._commit_thread.start(self._commit_in_thread, (batch,), functools.partial(self._batch_done, running))
+
+    def _batch_done(self, running: _Running, _: object, error: BaseException | None) -> None:
+        """A transaction has returned (a callback on the event loop): answer its callers now.
+
+        They are answered here, not a task switch later in the committer's
+        task, which only moves on to the next transaction. A batch the
+        committer stopped waiting for (closing gave up on it) was failed already.
+        """
+        if self._running is not running:
+            return
+        running.error = error
+        if error is None:
+            self._running = None
+            self._committed()
+            for submission in running.batch:
+                self._finish(submission)
+        running.done.set()  # after the callers: their tasks run first
+        if error is not None or self._queue or self._urgent or self._closing:
+            # A committer parked during a transaction started by a submission (see _enqueue) has work now.
+            self._queue_filled.set()
 
     def _finish(self, submission: Submission) -> None:
         if submission.done is not None:
