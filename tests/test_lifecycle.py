@@ -7,6 +7,7 @@ import anyio.lowlevel
 import pytest
 
 from memengine import Engine, EngineClosedError, EngineFailedError, Episode, SessionConfig, StoreError, open_engine
+from memengine.store import committer
 from memengine.store.operations import GroupCommitStore
 
 from .fakes import GatedSummarizer, RecordingSink, RecordingSummarizer, add_each, covered, turns
@@ -99,7 +100,9 @@ async def test_messages_racing_passivation_keep_order(db_path, stored, monkeypat
             (episode,) = await session.add([Episode("user", f"{name} {i}")])
             acknowledged.setdefault(name, []).append(episode.seq)
             if i % 7 == 0:
-                await anyio.sleep(0.02)  # long enough for the session to passivate
+                # Long enough for the session to passivate, once its last summary (which rides along with
+                # the next write, or commits alone within SUMMARY_RIDER_SECONDS) is stored.
+                await anyio.sleep(0.02 + committer.SUMMARY_RIDER_SECONDS)
 
     activations = 0
     activate = Engine._activate

@@ -60,8 +60,11 @@ class GroupCommitStore(SideWork):
         return await self._read(lambda db: journal.load(db, session_id))
 
     async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
+        # It rides along with the next write (an add, most often), within SUMMARY_RIDER_SECONDS: a commit (an
+        # fsync at synchronous=FULL) less per summary, and no add waits behind a summary's own commit.
         return await self._submit(
-            lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary)
+            lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary),
+            ride=committer.SUMMARY_RIDER_SECONDS,
         )
 
     async def delete_episodes(self, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
