@@ -137,16 +137,17 @@ def _in_metadata(metadata: Mapping[str, Any]) -> list[DataUrl]:
     pending: list[Any] = [metadata]
     while pending:
         value = pending.pop()
-        if isinstance(value, str):
+        kind = type(value)
+        if kind is str or (kind is not dict and kind is not list and isinstance(value, str)):
             if _MARKER in value:
                 found.extend(data_urls(value))
-        elif isinstance(value, Mapping):
+        elif kind is dict or isinstance(value, Mapping):  # (JSON's own types skip the slower checks)
             source = _base64_source(value)
             if source is not None:
                 found.append(source)
                 continue
             pending.extend(reversed(list(value.values())))
-        elif isinstance(value, (list, tuple)):
+        elif kind is list or isinstance(value, (list, tuple)):
             pending.extend(reversed(value))
     return found
 

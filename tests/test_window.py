@@ -350,3 +350,52 @@ def test_the_window_never_starts_between_a_reasoning_item_and_the_item_after_it(
                 if window.evicted:
                     before = window.raw[window.evicted - 1].metadata["openai_agents.item"]
                     assert before.get("type") != "reasoning", (max_episodes, evict_to, turn, window.evicted)
+
+
+def test_episodes_measured_while_their_commit_runs_enter_as_if_measured_on_entry() -> None:
+    """``measure`` (called while the append commits) counts each content once; the append then takes those counts.
+
+    The window is the same as one that measured nothing: sizes, tokens, tool
+    pairing and eviction. What was measured of an episode that did not enter
+    (its id was stored before) is forgotten with the append: a later episode
+    with that id is measured again.
+    """
+    counted: list[str] = []
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return words(text)
+
+    image = {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 200}}]}
+    call = {CALLS_KEY: ["c1"]}
+    result = {RESULT_OF_KEY: ["c1"]}
+    contents = [
+        ("user", "look at this picture", image),
+        ("assistant", "calling a tool", call),
+        ("tool", "the tool said so", result),
+    ]
+    budget = Budget(3, 10**6)
+    plain, ahead = RawWindow(budget, 0.5, words), RawWindow(budget, 0.5, counting)
+    for turn in range(4):
+        batch = [
+            numbered(role, f"{text} {turn}", seq=3 * turn + n + 1, metadata=meta)
+            for n, (role, text, meta) in enumerate(contents)
+        ]
+        ahead.measure(batch)
+        assert counted == [episode.content for episode in batch]  # measured now, not on entry
+        counted.clear()
+        ahead.append(batch)
+        plain.append(batch)
+        assert counted == []  # the append took the counts made ahead
+        assert ahead.raw == plain.raw and ahead.evicted == plain.evicted
+        assert ahead.sizes(len(ahead.raw)) == plain.sizes(len(plain.raw)) and ahead.tokens == plain.tokens
+        assert ahead.evicted_through == plain.evicted_through
+
+    dropped = numbered("user", "one two three", seq=13)
+    ahead.measure([dropped])
+    ahead.append([])  # its id was stored already: it did not enter, and its measure is forgotten
+    same_id = with_seq(Episode("user", "one two three four five", id=dropped.id), 13)
+    counted.clear()
+    ahead.append([same_id])
+    assert counted == [same_id.content]
+    assert ahead.sizes(len(ahead.raw))[-1] == (len(same_id.content), 5)

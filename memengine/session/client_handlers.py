@@ -37,6 +37,9 @@ from .summary_results import set_aside_error
 
 log = logging.getLogger("memengine.session")
 
+#: The most episodes of an append the window measures while its commit runs (a larger one, after).
+MEASURE_AHEAD = 16
+
 
 class ClientHandlers(ActivationState):
     """What the session actor does for each client message."""
@@ -69,6 +72,11 @@ class ClientHandlers(ActivationState):
                 self._fail(joined, exc)
             raise
         self._append_in_flight = True  # only once submitted: a refused submit leaves nothing in flight
+        episodes = batch.episodes
+        if len(episodes) <= MEASURE_AHEAD:
+            # While the commit runs in the store's thread (it has started, if the store was idle), not
+            # after it: the window's own work on these episodes is off the add's critical path.
+            self._window.measure(episodes)
 
     def _appended(self, batch: AddBatch, results: AppendResult | None, error: BaseException | None) -> None:
         """Completion of an append, run by the store on the event loop right after its commit.
@@ -105,7 +113,8 @@ class ClientHandlers(ActivationState):
             self._window.append(new)
         # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
         for message, own in batch.split(results):
-            self._answer(message, handed_out(tuple([episode for episode, _ in own])))  # the window keeps its own
+            stored = tuple([episode for episode, _ in own])
+            self._answer(message, handed_out(stored) if message.copies else stored)  # the window keeps its own
         self._entered(new)
 
     async def _enter_stored(self) -> None:

@@ -94,7 +94,9 @@ class Session:
         """:meth:`add` of episodes whose metadata no one else holds (``episode.with_private_metadata``).
 
         For the engine's own adapters, which build each episode for one add
-        and never hand it out: their metadata is not copied again.
+        and never hand it out: their metadata is not copied again, and the
+        episodes returned are the session's own, not copies (the adapters
+        drop them; editing them would edit what the session shows).
         """
         return await self._traced_add(episodes, snapshot=False)
 
@@ -122,7 +124,7 @@ class Session:
         contents = [episode.content for episode in batch]
         if large_batch(contents):  # many or long contents
             return self._add_large(batch, contents, snapshot)
-        return self._request(AddEpisodes, batch)
+        return self._request(AddEpisodes if snapshot else _uncopied_add, batch)
 
     async def _add_large(
         self, batch: tuple[Episode, ...], contents: list[str] | None, snapshot: bool
@@ -265,6 +267,10 @@ class Session:
             raise SessionClosedError(f"session handle {self._id!r} is closed")
         await anyio.lowlevel.checkpoint()
         return answer
+
+
+def _uncopied_add(episodes: tuple[Episode, ...], reply: Reply[tuple[Episode, ...]]) -> AddEpisodes:
+    return AddEpisodes(episodes, reply, copies=False)
 
 
 def _episodes_argument(episodes: Iterable[Episode]) -> tuple[Episode, ...]:

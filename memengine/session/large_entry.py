@@ -51,6 +51,9 @@ class LargeEntry:
             window.append(new[start : start + ENTER_SLICE], last=start + ENTER_SLICE >= len(new))
             yield
         for message, own in self._batch.split(self._results):
+            if not message.copies:  # an adapter's add: answered with the session's own (see AddEpisodes)
+                self._answers.append((message, tuple([episode for episode, _ in own])))
+                continue
             copies: list[Episode] = []
             for start in range(0, len(own), ENTER_SLICE):
                 copies += handed_out(tuple([episode for episode, _ in own[start : start + ENTER_SLICE]]))

@@ -23,6 +23,9 @@ class AddEpisodes:
     reply: Reply[tuple[Episode, ...]]
     #: Token counts of the large contents, made by the caller off the event loop (tokens.count_large).
     counted: dict[str, int] = attrs.field(factory=dict)
+    #: Whether the caller gets copies of the stored episodes (``add``); an engine adapter that builds
+    #: each episode for one add and drops the answer gets the session's own (``Handle._add_private``).
+    copies: bool = True
 
 
 @attrs.define(eq=False)

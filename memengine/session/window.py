@@ -138,6 +138,7 @@ class RawWindow:
         "_last_seq",
         "_links",
         "_low_water",
+        "_measured",
         "_newest_call",
         "_raw_tokens",
         "_reach",
@@ -161,6 +162,7 @@ class RawWindow:
         self._judged = 0  # raw[:_judged] were judged for clipping (older than the newest keep_turns)
         self._raw_tokens = 0  # tokens of every raw episode: what a read reports, kept up to date
         self._expected: dict[str, int] = {}  # counts made before the contents enter (see expect)
+        self._measured: dict[str, tuple[int, ToolLinks]] = {}  # by episode id: see measure
         self._low_water = budget.scaled(evict_to)
         self._doubled = budget.scaled(2)  # past it, a call waiting for its result no longer holds the window
         self._count_tokens = count_tokens
@@ -217,6 +219,7 @@ class RawWindow:
                 gap_before = len(self.raw)
             self._enter(episode, known.get((episode.seq, episode.id)))
         self._expected.clear()
+        self._measured.clear()
         if self._clipping is not None:
             self._clip_older(self._clipping, clips)
         if last_seq is not None and self._last_seq is not None and last_seq > self._last_seq:
@@ -254,6 +257,19 @@ class RawWindow:
                 self._evict(must, must)
         if last:
             self._expected.clear()
+            self._measured.clear()
+
+    def measure(self, episodes: Iterable[Episode]) -> None:
+        """Count the tokens and find the tool links of episodes about to be appended, ahead of the append.
+
+        The session calls it while their commit runs in the store's thread,
+        so the work is done while the loop would otherwise wait for it; the
+        next :meth:`append` (or :meth:`reset`) takes what it finds here for
+        the episodes it enters (by id), then forgets the rest.
+        """
+        measured = self._measured
+        for episode in episodes:
+            measured[episode.id] = self._measure(episode)
 
     def expect(self, counts: dict[str, int]) -> None:
         """Token counts of contents about to enter (by the next append or reset), counted beforehand.
@@ -395,17 +411,22 @@ class RawWindow:
 
     # -- internals ------------------------------------------------------------
 
+    def _measure(self, episode: Episode, tokens: int | None = None) -> tuple[int, ToolLinks]:
+        """The episode's tokens (``tokens``, if counted already) and tool links."""
+        if tokens is None:
+            expected = self._expected
+            tokens = expected.get(episode.content) if expected else None
+            if tokens is None:
+                tokens = self._count_tokens(episode.content)
+            if episode.metadata:  # an image kept in a provider's message there counts as one
+                tokens += metadata_tokens(episode.metadata)
+        return tokens, tool_links(episode.metadata) if episode.metadata else NO_LINKS  # most episodes have none
+
     def _enter(self, episode: Episode, tokens: int | None) -> ToolLinks:
         content = episode.content
         chars = len(content)
-        if tokens is None:
-            expected = self._expected
-            tokens = expected.get(content) if expected else None
-            if tokens is None:
-                tokens = self._count_tokens(content)
-            if episode.metadata:  # an image kept in a provider's message there counts as one
-                tokens += metadata_tokens(episode.metadata)
-        links = tool_links(episode.metadata) if episode.metadata else NO_LINKS  # most episodes have none
+        measured = self._measured.pop(episode.id, None) if self._measured and tokens is None else None
+        tokens, links = measured if measured is not None else self._measure(episode, tokens)
         position = self._base + len(self.raw)
         self.raw.append(episode)
         self._sizes.append((chars, tokens))
