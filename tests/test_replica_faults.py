@@ -54,13 +54,17 @@ def named(url: str, application_name: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}application_name={application_name}"
 
 
-def terminate_backends(application_name: str) -> int:
-    """Kill every server connection of ``application_name`` (never the test's own); how many."""
+def terminate_backends(application_name: str, wait: float = 0.0) -> int:
+    """Kill every server connection of ``application_name`` (never the test's own); how many.
+
+    With ``wait`` (seconds), each kill returns once that backend has exited (or
+    ``wait`` ran out: then it does not count), not once it was signalled.
+    """
     with psycopg.connect(POSTGRES_SERVER, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s "
+            "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity WHERE application_name = %s "
             "AND pid <> pg_backend_pid()",
-            (application_name,),
+            (round(wait * 1000), application_name),
         ).fetchall()
     return sum(1 for (killed,) in rows if killed)
 
@@ -488,9 +492,9 @@ async def test_calls_after_the_servers_dropped_the_idle_connections_succeed(pg_u
             await engine.session("s").add([Episode("user", "first words")])
             assert (await engine.session("s").context()).episodes[0].content == "first words"
             assert await engine.recall("first", all_sessions=True)
-            killed = await anyio.to_thread.run_sync(terminate_backends, app)
+            # Each kill waits until its backend has exited: no call below can still reach one.
+            killed = await anyio.to_thread.run_sync(terminate_backends, app, 30.0)
             assert killed >= 2, f"killed {killed} connections of the engine (expected the writer and the reader)"
-            await anyio.sleep(0.2)
             calls = {
                 "add": lambda: engine.session("s").add([Episode("user", "second words")]),
                 "activate": lambda: engine.session("new").add([Episode("user", "a new session")]),
