@@ -180,7 +180,7 @@ class SessionActor(ClientHandlers):
                 return
             await self._count_large(snapshot)
             async with anyio.create_task_group() as children:
-                children.start_soon(self._child.run)
+                self._child.start_in(children)  # (its task starts with its first batch)
                 self._apply(snapshot)
                 await self._serve()
                 if self._given_up is not None:

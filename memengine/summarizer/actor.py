@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import attrs
 
@@ -75,9 +76,30 @@ class SummarizerActor:
         self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
         self._newest_generation = 0
         self._current: tuple[int, anyio.CancelScope] | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._started = False
+
+    def start_in(self, tasks: anyio.abc.TaskGroup) -> None:
+        """Run under ``tasks`` (the session's), from the first batch submitted on.
+
+        Most activations never summarize (a short conversation, a session read
+        and let go): they hold no task, mailbox waiter or scope of the child's.
+        With thousands of sessions active that halves what each one keeps
+        alive, and so what every garbage collection walks.
+        """
+        self._tasks = tasks
+        if not self._mailbox.empty and not self._started:
+            self._start()
 
     def submit(self, batch: SummarizeBatch) -> None:
         self._mailbox.put(batch)
+        if not self._started and self._tasks is not None:
+            self._start()
+
+    def _start(self) -> None:
+        assert self._tasks is not None
+        self._started = True
+        self._tasks.start_soon(self.run)
 
     def abandon_before(self, generation: int) -> None:
         """Drop work computed under a generation older than ``generation``.
