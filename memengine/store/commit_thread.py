@@ -79,6 +79,11 @@ class CommitThread:
             raise error
         return result  # type: ignore[no-any-return]
 
+    @property
+    def started(self) -> bool:
+        """Whether this process's thread is running (then :meth:`start` only queues the job)."""
+        return self._thread is not None and self._pid == os.getpid()
+
     def start(self, function: Callable[..., T], args: tuple[Any, ...], answer: Answer) -> None:
         """Have ``function(*args)`` run in the thread, then ``answer(result, error)`` called on this event loop.
 

@@ -154,9 +154,10 @@ class Committer(Transactions):
             raise EngineClosedError("the store is closed")
         submission.urgent = urgent
         (self._urgent if urgent else self._queue).append(submission)
-        if self._parked and self._running is None and not self._aborted:
+        if self._parked and self._running is None and not self._aborted and self._commit_thread.started:
             # An idle store: the transaction starts now, from the submitter's task, not a task switch
             # later; the committer stays parked (its callback wakes the committer if more comes meanwhile).
+            # (Only a thread already running: starting one may fail, and that is the committer's to meet.)
             self._start_batch()
         elif self._parked and self._running is None:
             self._queue_filled.set()
