@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from memengine import Episode, SessionConfig, open_engine
@@ -126,3 +127,31 @@ async def test_a_boundary_moved_by_an_activation_commits_within_a_quiet_second(d
             assert evicted is not None and evicted >= 8
             while stored_boundary(stored) != evicted:  # noqa: ASYNC110 - polls the stored row
                 await anyio.sleep(0.02)
+
+
+async def test_riders_taken_by_an_adds_transaction_leave_no_empty_commit_at_their_deadline(
+    db_path, monkeypatch
+) -> None:
+    """A rider's deadline that passes after another write took it along commits nothing (no empty transaction)."""
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 0.05)
+    transactions = Transactions()
+    summarizer = GatedSummarizer()  # never released: no summary comes as a new rider meanwhile
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, summarizer=summarizer, config=CONFIG) as engine:
+            session, other = engine.session("s"), engine.session("t")
+            await session.context()
+            await other.context()
+            for turn in range(1, 4):
+                await session.add([Episode("user", f"turn {turn}")])  # the third evicts: a rider, due soon
+            store = engine.store
+            # Until the committer waits for the riders' deadline: parked, with riders, and not woken since.
+            while not (store._parked and store._riders and not store._queue_filled.is_set()):  # type: ignore[attr-defined]
+                await anyio.lowlevel.checkpoint()
+            store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
+            await other.add([Episode("user", "another session's add")])  # takes the rider along
+            # Past the rider's deadline (twenty times over): a committer that woke for it would have
+            # committed by now. (On a machine slower than that the test can only pass, never fail.)
+            await anyio.sleep(20 * committer.RIDER_SECONDS)
+            engine.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    assert [statements for statements in transactions.committed if not writes(statements)] == []
+    assert transactions.committed, "the add was not seen"

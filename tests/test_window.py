@@ -399,3 +399,14 @@ def test_episodes_measured_while_their_commit_runs_enter_as_if_measured_on_entry
     ahead.append([same_id])
     assert counted == [same_id.content]
     assert ahead.sizes(len(ahead.raw))[-1] == (len(same_id.content), 5)
+
+
+def test_an_id_measured_twice_with_other_contents_enters_with_its_own_count() -> None:
+    """Two episodes of one append share an id (the store keeps the first): the first enters with its own tokens."""
+    window = RawWindow(Budget(20, 10**6), 0.5, words)
+    first = numbered("user", "hello", seq=1)
+    second = Episode("user", "lorem ipsum " * 40, id=first.id)
+    window.measure([first, second])
+    window.append([first])  # the store returned the second as not new
+    assert window.tokens == 1
+    assert window.sizes(1) == [(len("hello"), 1)]

@@ -88,6 +88,7 @@ class ClientHandlers(ActivationState):
         self._append_in_flight = False
         self._settled()
         if error is not None or results is None:
+            self._window.forget_measured()
             reload = means_reload(error)
             if reload:
                 # Either way this activation's state may no longer be the store's: let it go,
@@ -111,6 +112,8 @@ class ClientHandlers(ActivationState):
         new = [episode for episode, is_new in results if is_new]
         if new:
             self._window.append(new)
+        else:
+            self._window.forget_measured()
         # Stored: answer first (nothing below may leave a caller waiting), then the follow-ups.
         for message, own in batch.split(results):
             stored = tuple([episode for episode, _ in own])

@@ -162,7 +162,7 @@ class RawWindow:
         self._judged = 0  # raw[:_judged] were judged for clipping (older than the newest keep_turns)
         self._raw_tokens = 0  # tokens of every raw episode: what a read reports, kept up to date
         self._expected: dict[str, int] = {}  # counts made before the contents enter (see expect)
-        self._measured: dict[str, tuple[int, ToolLinks]] = {}  # by episode id: see measure
+        self._measured: dict[str, tuple[Episode, int, ToolLinks]] = {}  # by episode id: see measure
         self._low_water = budget.scaled(evict_to)
         self._doubled = budget.scaled(2)  # past it, a call waiting for its result no longer holds the window
         self._count_tokens = count_tokens
@@ -265,11 +265,18 @@ class RawWindow:
         The session calls it while their commit runs in the store's thread,
         so the work is done while the loop would otherwise wait for it; the
         next :meth:`append` (or :meth:`reset`) takes what it finds here for
-        the episodes it enters (by id), then forgets the rest.
+        the episodes it enters, then forgets the rest. It takes a measure only
+        for the very contents and metadata measured (the stored episode shares
+        them with the one added): an id added twice with other contents, of
+        which the store keeps the first, is measured again as it enters.
         """
         measured = self._measured
         for episode in episodes:
-            measured[episode.id] = self._measure(episode)
+            measured[episode.id] = (episode, *self._measure(episode))
+
+    def forget_measured(self) -> None:
+        """Drop what :meth:`measure` found (its append failed, or stored nothing new)."""
+        self._measured.clear()
 
     def expect(self, counts: dict[str, int]) -> None:
         """Token counts of contents about to enter (by the next append or reset), counted beforehand.
@@ -426,7 +433,10 @@ class RawWindow:
         content = episode.content
         chars = len(content)
         measured = self._measured.pop(episode.id, None) if self._measured and tokens is None else None
-        tokens, links = measured if measured is not None else self._measure(episode, tokens)
+        if measured is not None and measured[0].content is content and measured[0].metadata is episode.metadata:
+            _, tokens, links = measured
+        else:
+            tokens, links = self._measure(episode, tokens)
         position = self._base + len(self.raw)
         self.raw.append(episode)
         self._sizes.append((chars, tokens))

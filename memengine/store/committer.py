@@ -287,6 +287,8 @@ class Committer(Transactions):
                                 return
                             if not await self._wait_for_work():
                                 continue
+                            if not (self._riders or self._queue or self._urgent):
+                                continue  # a submission's transaction took the riders meanwhile
                             # Nothing came for the riders to ride along with: they go on their own.
                         if self._aborted:
                             return
@@ -360,15 +362,20 @@ class Committer(Transactions):
         if self._running is not running:
             return
         running.error = error
-        if error is None:
-            self._running = None
-            self._committed()
-            for submission in running.batch:
-                self._finish(submission)
-        running.done.set()  # after the callers: their tasks run first
-        if error is not None or self._queue or self._urgent or self._closing:
-            # A committer parked during a transaction started by a submission (see _enqueue) has work now.
-            self._queue_filled.set()
+        try:
+            if error is None:
+                self._running = None
+                try:
+                    self._committed()
+                except Exception:  # (nothing may escape a loop callback: trio would end the run)
+                    log.exception("a store commit hook failed")
+                for submission in running.batch:
+                    self._finish(submission)
+        finally:
+            running.done.set()  # after the callers: their tasks run first
+            if error is not None or self._queue or self._urgent or self._closing:
+                # A committer parked during a transaction started by a submission (see _enqueue) has work now.
+                self._queue_filled.set()
 
     def _finish(self, submission: Submission) -> None:
         if submission.done is not None:
