@@ -179,17 +179,14 @@ class SessionActor(ClientHandlers):
                 stop_error = error  # every message sent meanwhile is told
                 return
             await self._count_large(snapshot)
-            try:
-                async with anyio.create_task_group() as children:
-                    self._child.start_in(children)  # (its task starts with its first batch)
-                    self._apply(snapshot)
-                    await self._serve()
-                    if self._given_up is not None:
-                        stop_error = self._given_up
-                    self._stop(stop_error)  # passivating: leave the registry before any await
-                    children.cancel_scope.cancel()
-            finally:
-                self._child.stop_starting()
+            async with anyio.create_task_group() as children:
+                children.start_soon(self._child.run)
+                self._apply(snapshot)
+                await self._serve()
+                if self._given_up is not None:
+                    stop_error = self._given_up
+                self._stop(stop_error)  # passivating: leave the registry before any await
+                children.cancel_scope.cancel()
             if self._given_up is None:
                 await self._lease.release()
         finally:

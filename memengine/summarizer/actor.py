@@ -12,13 +12,11 @@ cancel a summary.
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import logging
 from collections.abc import Callable
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
 import attrs
 
@@ -77,38 +75,9 @@ class SummarizerActor:
         self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
         self._newest_generation = 0
         self._current: tuple[int, anyio.CancelScope] | None = None
-        self._tasks: anyio.abc.TaskGroup | None = None
-        self._context = contextvars.Context()
-        self._started = False
-
-    def start_in(self, tasks: anyio.abc.TaskGroup) -> None:
-        """Run under ``tasks`` (the session's), from the first batch submitted on.
-
-        Most activations never summarize (a short conversation, a session read
-        and let go): they hold no task, mailbox waiter or scope of the child's.
-        With thousands of sessions active that halves what each one keeps
-        alive, and so what every garbage collection walks.
-        """
-        self._tasks = tasks
-        # The context it starts in, whoever submits the first batch (a store callback, often): the
-        # session's own, so the summarizer (and its telemetry) sees the application's context variables.
-        self._context = contextvars.copy_context()
-        if not self._mailbox.empty and not self._started:
-            self._start()
-
-    def stop_starting(self) -> None:
-        """The session's task group has exited: a batch submitted from now on (a late commit's) starts nothing."""
-        self._tasks = None
 
     def submit(self, batch: SummarizeBatch) -> None:
         self._mailbox.put(batch)
-        if not self._started and self._tasks is not None:
-            self._start()
-
-    def _start(self) -> None:
-        assert self._tasks is not None
-        self._started = True
-        self._context.run(self._tasks.start_soon, self.run)
 
     def abandon_before(self, generation: int) -> None:
         """Drop work computed under a generation older than ``generation``.
