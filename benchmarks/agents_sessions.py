@@ -276,7 +276,6 @@ async def main() -> None:
     results = {name: median_of(runs) for name, runs in rounds.items()}
     if arguments.rounds > 1:
         print(f"medians of {arguments.rounds} rounds (the disk's fsync time varies from minute to minute)")
-    long_last = f"get @{arguments.long_turns}"
     # The turns at which get_items() was timed, as measured (with fewer than 50 turns, no "get @50").
     at_turns = [f"get @{turn}" for turn in sorted({1, 50, arguments.long_turns}) if turn <= arguments.long_turns]
     columns = ["turns/s", "add p50", "add p99", "get p50", "get p99", *at_turns]

@@ -97,7 +97,8 @@ async def main(count: int, rounds: int) -> None:
             f"{statistics.median(r[1] for r in runs) * 1000:>18.0f}"
             f"{statistics.median(r[2] for r in runs) * 1000:>14.1f}{statistics.median(r[3] for r in runs):>13.0f}"
         )
-    print("(medians over the rounds; longest per round:", {s: [round(r[1] * 1000) for r in results[s]] for s in results})
+    longest = {s: [round(r[1] * 1000) for r in results[s]] for s in results}
+    print("(medians over the rounds; longest per round:", longest)
 
 
 if __name__ == "__main__":
