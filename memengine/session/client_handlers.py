@@ -76,7 +76,10 @@ class ClientHandlers(ActivationState):
         if len(episodes) <= MEASURE_AHEAD:
             # While the commit runs in the store's thread (it has started, if the store was idle), not
             # after it: the window's own work on these episodes is off the add's critical path.
-            self._window.measure(episodes)
+            try:
+                self._window.measure(episodes)
+            except Exception:  # the append is submitted: nothing here may fail the add; it measures on entry
+                self._window.forget_measured()
 
     def _appended(self, batch: AddBatch, results: AppendResult | None, error: BaseException | None) -> None:
         """Completion of an append, run by the store on the event loop right after its commit.
