@@ -31,7 +31,7 @@ async def test_concurrent_adds_share_transactions(db_path, stored) -> None:
     assert stored.query("SELECT count(*) FROM episodes") == [(50,)]
 
 
-async def test_a_write_to_an_idle_store_starts_committing_before_the_submitter_yields(db_path) -> None:
+async def test_a_write_to_an_idle_store_starts_committing_before_the_submitter_yields(db_path, stored) -> None:
     """An idle store starts the transaction from the submitter's own step: no task switch of the committer's first.
 
     The loop is held (a blocking wait, no checkpoint) right after the submit:
@@ -55,6 +55,7 @@ async def test_a_write_to_an_idle_store_starts_committing_before_the_submitter_y
         with anyio.fail_after(DEADLINE):
             await done.wait()
     assert answered == [None]
+    assert stored.query("SELECT session_id, seq, content FROM episodes") == [("s", 1, "hello")]
 
 
 async def test_a_failing_write_fails_alone(db_path, stored) -> None:

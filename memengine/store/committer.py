@@ -301,10 +301,7 @@ class Committer(Transactions):
                         # A bug or an unexpected error: fail this batch, keep the committer (and engine) alive.
                         log.error("a store transaction failed unexpectedly", exc_info=running.error)
                         await self._commit_thread.run(self._abandon, running.batch, running.error)
-                        self._running = None
-                        self._committed()
-                        for submission in running.batch:
-                            self._finish(submission)
+                        self._answer_batch(running)
         finally:
             # Stopped early (an interrupted close): nobody may wait for ever.
             running, self._running = self._running, None
@@ -364,18 +361,22 @@ class Committer(Transactions):
         running.error = error
         try:
             if error is None:
-                self._running = None
-                try:
-                    self._committed()
-                except Exception:  # (nothing may escape a loop callback: trio would end the run)
-                    log.exception("a store commit hook failed")
-                for submission in running.batch:
-                    self._finish(submission)
+                self._answer_batch(running)
         finally:
             running.done.set()  # after the callers: their tasks run first
             if error is not None or self._queue or self._urgent or self._closing:
                 # A committer parked during a transaction started by a submission (see _enqueue) has work now.
                 self._queue_filled.set()
+
+    def _answer_batch(self, running: _Running) -> None:
+        """The transaction is over (committed, or failed and abandoned): answer each of its operations."""
+        self._running = None
+        try:
+            self._committed()
+        except Exception:  # (nothing may escape the commit callback, _batch_done: trio would end the run)
+            log.exception("a store commit hook failed")
+        for submission in running.batch:
+            self._finish(submission)
 
     def _finish(self, submission: Submission) -> None:
         if submission.done is not None:
