@@ -542,7 +542,8 @@ async def test_an_add_succeeds_when_the_new_connection_is_dropped_too(pg_url: st
                 return conn
 
             store._new_connection = dropped_as_it_is_made
-            assert await anyio.to_thread.run_sync(terminate_backends, app) >= 1
+            # Each kill waits until its backend has exited: the add cannot still find its writer alive.
+            assert await anyio.to_thread.run_sync(terminate_backends, app, 30.0) >= 1
             (stored,) = await engine.session("s").add([Episode("user", "second words")])
             assert stored.seq == 2
             assert len(made) == 2  # the first replacement was gone too; the second one served
