@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -172,8 +173,28 @@ def postgres_schema() -> Iterator[str]:
     try:
         yield f"{POSTGRES_SERVER}?options=-csearch_path%3D{schema}"
     finally:
-        with psycopg.connect(POSTGRES_SERVER, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        _drop_schema(schema)
+
+
+def _drop_schema(schema: str, timeout: float = 120.0) -> None:
+    """Drops a test's schema; a backend a test left behind (a killed worker's, still exiting) may hold locks on it.
+
+    DROP ... CASCADE takes every table's lock in turn and can deadlock with such a backend's last statement;
+    the server then cancels one of the two, and the drop is tried again until the backend is gone.
+    """
+    import psycopg
+    from psycopg import errors
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with psycopg.connect(POSTGRES_SERVER, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            return
+        except (errors.DeadlockDetected, errors.LockNotAvailable):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -345,6 +345,20 @@ def in_pid_namespace(pid: int) -> dict[str, Any]:
     }
 
 
+def wait_until_gone(pid: int, timeout: float = WORKER_TIMEOUT) -> None:
+    """Waits for ``pid`` (this namespace's) to leave the process table: a namespace's pid 1 dies a moment after."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and "State:\tZ" not in _status(pid):
+        assert time.monotonic() < deadline, f"process {pid} outlived its namespace for {timeout} s"
+        time.sleep(0.05)
+
+
+def _status(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/status").read_text()
+    return ""
+
+
 def host_pid(namespace_pid: int) -> int:
     """This namespace's pid of the worker that is ``namespace_pid`` in a namespace of its own."""
     for name in os.listdir("/proc"):
@@ -383,6 +397,10 @@ def test_an_owner_in_another_pid_namespace_is_not_judged_by_this_one(workers: li
             assert wanting(workers, url, "--lease-wait", "3") == {"op": "busy", "owner": "holder"}
         finally:
             os.kill(paused, signal.SIGCONT)
+            # Gone before the schema is dropped: a worker still writing would deadlock the DROP.
+            for worker in workers:
+                worker.stop()
+            wait_until_gone(paused)
 
 
 # -- a /proc that hides other users' processes (hidepid) ------------------------------
