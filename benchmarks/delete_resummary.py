@@ -1,0 +1,181 @@
+"""What deleting one old episode costs: summarizer calls until the summary is whole again, raw episodes meanwhile.
+
+A session of ``--episodes`` (default 20,000) episodes, 1-10 KB each (prose,
+Python code, JSON, base64 and Russian/Chinese text in turn), is kept with a
+window of 50 episodes (``SessionConfig(max_episodes=50, max_chars=10**9)``:
+the episode count is the bound) and summarized to the end by a counting fake
+summarizer (answers at once, a summary of at most 2,000 characters). The
+store is then copied once per delete position, and on each copy one episode
+is deleted: the one at 1%, 50% and 99% of the session. Printed per position:
+
+* ``raw meanwhile``: the episodes ``context()`` returns raw right after the
+  delete, while the summarizer is held (a re-summary takes seconds of LLM
+  time per call; this is what the model is sent meanwhile), with the
+  session's summary then covering ``summary through``;
+* ``calls``: summarizer calls until every evicted episode is covered by a
+  summary again (``context(wait_for_summary=True)``), and their input in
+  characters;
+* ``raw after``: the raw episodes once it is.
+
+The issue this measures (#28) asks for at most about log2(n) calls (14 at
+20,000) and at most 2,000 raw episodes meanwhile; the columns are printed for
+the code as it is, so the change can be measured against them in one run of
+this script. Everything runs in one process; only counts are compared.
+
+Run: ``PYTHONPATH=$PWD python benchmarks/delete_resummary.py [--episodes N] [--backend asyncio|trio]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import random
+import sqlite3
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from memengine import Episode, SessionConfig, open_engine
+
+WINDOW = 50
+SUMMARY_CHARS = 2_000
+CONFIG = SessionConfig(max_episodes=WINDOW, max_chars=10**9)
+POSITIONS = (0.01, 0.50, 0.99)
+ADD_CHUNK = 500  # episodes per add while building the session
+
+PROSE = (
+    "The deployment failed again on the staging cluster after the migration step; the logs show the schema "
+    "lock was held by a long report query, so the rollout waited and then timed out. We agreed to move the "
+    "report to the replica and to retry the migration tonight with a lock timeout of five seconds. "
+)
+CODE = (
+    "def merge_intervals(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:\n"
+    "    merged: list[tuple[int, int]] = []\n"
+    "    for start, end in sorted(intervals):\n"
+    "        if merged and start <= merged[-1][1]:\n"
+    "            merged[-1] = (merged[-1][0], max(merged[-1][1], end))\n"
+    "        else:\n"
+    "            merged.append((start, end))\n"
+    "    return merged\n\n"
+)
+NON_LATIN = (  # Russian and Chinese on purpose
+    "Отчёт о сбое: после обновления конфигурации балансировщика часть запросов уходила на старые узлы. "  # noqa: RUF001
+    "部署之后，缓存命中率明显下降，我们需要检查新的过期策略是否正确。 "  # noqa: RUF001
+)
+
+
+def content(rng: random.Random, n: int) -> str:
+    """An episode's text: 1-10 KB of one of five kinds, in turn."""
+    size = rng.randint(1_000, 10_000)
+    kind = n % 5
+    if kind == 0:
+        unit = PROSE
+    elif kind == 1:
+        unit = CODE
+    elif kind == 2:
+        hits = [{"id": n * 10 + i, "title": f"match {i}", "score": rng.random()} for i in range(8)]
+        unit = json.dumps({"results": hits})
+    elif kind == 3:
+        unit = base64.b64encode(rng.randbytes(768)).decode()
+    else:
+        unit = NON_LATIN
+    return (f"[{n}] " + unit * (size // len(unit) + 1))[:size]
+
+
+class HeldSummarizer:
+    """A stand-in for an LLM that answers at once, unless held; counts calls and their input."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.input_chars = 0
+        self.released = anyio.Event()
+
+    async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+        await self.released.wait()
+        self.calls += 1
+        self.input_chars += len(previous or "") + sum(len(e.content) for e in episodes)
+        await anyio.lowlevel.checkpoint()
+        first, last = episodes[0].seq, episodes[-1].seq
+        text = f"{previous or 'Summary:'} [{first}..{last}: {episodes[-1].content[:40]!r}]"
+        return text[-SUMMARY_CHARS:]
+
+
+async def build(path: Path, episodes: int) -> float:
+    rng = random.Random(28)
+    summarizer = HeldSummarizer()
+    summarizer.released.set()
+    started = time.perf_counter()
+    async with open_engine(path, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("chat")
+        for start in range(0, episodes, ADD_CHUNK):
+            chunk = range(start, min(start + ADD_CHUNK, episodes))
+            await session.add([Episode("user" if n % 2 == 0 else "assistant", content(rng, n)) for n in chunk])
+        context = await session.context(wait_for_summary=True)
+        assert len(context.episodes) <= WINDOW, len(context.episodes)
+    return time.perf_counter() - started
+
+
+async def delete_at(path: Path, episodes: int, position: float) -> dict[str, Any]:
+    seq = max(1, round(episodes * position))
+    summarizer = HeldSummarizer()
+    async with open_engine(path, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("chat")
+        assert await session.delete_episodes([seq]) == 1
+        meanwhile = await session.context()
+        summarizer.released.set()
+        started = time.perf_counter()
+        after = await session.context(wait_for_summary=True)
+        elapsed = time.perf_counter() - started
+    return {
+        "seq": seq,
+        "raw_meanwhile": len(meanwhile.episodes),
+        "through_meanwhile": meanwhile.summarized_through,
+        "calls": summarizer.calls,
+        "input_chars": summarizer.input_chars,
+        "raw_after": len(after.episodes),
+        "seconds": elapsed,
+    }
+
+
+def copy_store(source: Path, target: Path) -> None:
+    """A copy of the SQLite store, its WAL included (the backup API reads it as a reader would)."""
+    with closing(sqlite3.connect(source)) as read, closing(sqlite3.connect(target)) as write:
+        read.backup(write)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        built = Path(directory) / "built.db"
+        seconds = await build(built, args.episodes)
+        print(
+            f"{args.episodes:,} episodes of 1-10 KB, window {WINDOW}, summarized to the end in {seconds:.1f} s "
+            f"({args.backend}); one delete per copy of the store:"
+        )
+        print(
+            f"{'deleted':>10} {'seq':>7} {'raw meanwhile':>14} {'summary through':>16} "
+            f"{'calls':>6} {'input MB':>9} {'raw after':>10} {'s (fake LLM)':>13}"
+        )
+        for position in POSITIONS:
+            copy = Path(directory) / f"at-{position}.db"
+            copy_store(built, copy)
+            result = await delete_at(copy, args.episodes, position)
+            print(
+                f"{position:>10.0%} {result['seq']:>7} {result['raw_meanwhile']:>14,} "
+                f"{result['through_meanwhile']:>16,} {result['calls']:>6} "
+                f"{result['input_chars'] / 1e6:>9.1f} {result['raw_after']:>10} {result['seconds']:>13.1f}"
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--episodes", type=int, default=20_000)
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    arguments = parser.parse_args()
+    anyio.run(main, arguments, backend=arguments.backend)
