@@ -126,32 +126,47 @@ def store_summary(db: Db, session_id: str, token: int, generation: int, through_
     return True
 
 
-#: Summaries kept per session, newest first: the newest few, then ever sparser older ones.
-KEPT_SUMMARIES = 12
+#: Of each scale (``2**level`` seqs), the summaries kept: the newest in each of this many latest slots of that size.
+_SLOTS_PER_LEVEL = 3
 _NEWEST_KEPT = 2
 
 
+def most_kept(newest: int) -> int:
+    """The most summaries a session keeps while its newest summary is through ``newest``: logarithmic in it."""
+    return _NEWEST_KEPT + _SLOTS_PER_LEVEL * (max(newest, 1).bit_length() + 1)
+
+
 def kept_summaries(through_seqs: Sequence[int]) -> list[int]:
-    """Which summaries (by ``through_seq``, any order) a session keeps.
+    """Which summaries (by ``through_seq``, any order) a session keeps, newest first.
 
     Only the newest is read; older ones are what a delete falls back on: a
     delete of seq ``s`` drops every summary reaching ``s`` and re-summarizes
-    from the newest one before it. So the newest two are kept, then each older
-    one only if it lies at least twice as far back as the one kept before it:
-    fallbacks within about a factor of two of any point, at most
-    :data:`KEPT_SUMMARIES` rows per session however long it lives.
+    from the newest one before it. So the newest two are kept, and for every
+    scale ``2**level`` the newest summary of each of the last three slots of
+    that size (``through_seq >> level``) up to the newest summary. A summary
+    dropped once is never wanted again as more are stored (its slots only
+    fall further back), so thinning after every store keeps what thinning
+    everything at the end would. For a delete ``d`` seqs back from the newest
+    summary, a kept summary lies at most about ``5 * d`` back (plus the
+    spacing of the summaries), whatever the session's length; at most
+    :func:`most_kept` rows (about 3 per doubling of the session's length).
     """
-    ordered = sorted(through_seqs, reverse=True)
+    ordered = sorted(set(through_seqs), reverse=True)
     if not ordered:
         return []
     newest = ordered[0]
-    kept = [newest]
-    for through_seq in ordered[1:]:
-        if len(kept) >= KEPT_SUMMARIES:
-            break
-        if len(kept) < _NEWEST_KEPT or newest - through_seq >= 2 * (newest - kept[-1]):
-            kept.append(through_seq)
-    return kept
+    kept = set(ordered[:_NEWEST_KEPT])
+    for level in range(newest.bit_length() + 1):
+        oldest_slot = (newest >> level) - (_SLOTS_PER_LEVEL - 1)
+        last_slot = None
+        for through_seq in ordered:  # newest first: the first one seen in a slot is its newest
+            slot = through_seq >> level
+            if slot < oldest_slot:
+                break
+            if slot != last_slot:
+                kept.add(through_seq)
+                last_slot = slot
+    return sorted(kept, reverse=True)
 
 
 def _thin_summaries(db: Db, session_id: str) -> None:
