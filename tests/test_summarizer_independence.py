@@ -131,8 +131,8 @@ async def test_a_summary_answered_in_the_moment_its_activation_stops_breaks_noth
             real_store_summary = store.store_summary
             gate, waiting = anyio.Event(), anyio.Event()
 
-            async def store_summary(*args, real=real_store_summary, gate=gate, waiting=waiting):
-                stored = await real(*args)
+            async def store_summary(*args, real=real_store_summary, gate=gate, waiting=waiting, **kwargs):
+                stored = await real(*args, **kwargs)
                 waiting.set()
                 await gate.wait()
                 return stored

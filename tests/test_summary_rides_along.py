@@ -12,12 +12,13 @@ stored its episodes stay shown raw, as for any summary being computed.
 from __future__ import annotations
 
 import anyio
+import attrs
 import pytest
 
 from memengine import Episode, SessionConfig, open_engine
 from memengine.store import committer
 
-from .fakes import RecordingSummarizer, covered
+from .fakes import GatedSummarizer, RecordingSummarizer, covered
 from .test_eviction_boundary_rides_along import GUARD, Transactions, writes
 
 pytestmark = pytest.mark.anyio
@@ -55,7 +56,63 @@ async def test_with_no_other_write_a_summary_commits_alone_soon(db_path, stored)
         session = engine.session("s")
         for turn in range(1, 4):
             await session.add([Episode("user", f"turn {turn}")])
-        with anyio.fail_after(GUARD):  # (it takes SUMMARY_RIDER_SECONDS, a twentieth of a second)
-            context = await session.context(wait_for_summary=True)
-        assert covered(context.summary) == ["turn 1"]
+        # No read waits for it (one would have it committed at once, see below): it commits alone,
+        # SUMMARY_RIDER_SECONDS (a twentieth of a second) after it was made.
+        with anyio.fail_after(GUARD):
+            while not stored.summaries("s"):  # noqa: ASYNC110 - the store's rows, as another process sees them
+                await anyio.sleep(0.01)
         assert [through for through, _ in stored.summaries("s")] == [1]  # stored, with the engine still open
+        context = await session.context()
+        assert covered(context.summary) == ["turn 1"]
+
+
+# -- a read waiting for the summary does not wait for a ride ----------------------------
+
+
+async def test_a_read_waiting_for_the_summary_has_it_committed_at_once(db_path, monkeypatch) -> None:
+    """The read waits first, then the summary is computed: it is stored at once, not when a write comes along."""
+    monkeypatch.setattr(committer, "SUMMARY_RIDER_SECONDS", 3600.0)  # riding would hang the read
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
+    summarizer = GatedSummarizer()
+    read: list[object] = []
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, summarizer=summarizer, config=CONFIG) as engine:
+            session = engine.session("s")
+            for turn in range(1, 4):
+                await session.add([Episode("user", f"turn {turn}")])
+            await summarizer.wait_until_called()
+
+            async def waiting_read() -> None:
+                read.append(await session.context(wait_for_summary=True))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(waiting_read)
+                await anyio.wait_all_tasks_blocked()  # the read waits in the session for the summary
+                summarizer.release()
+    (context,) = read
+    assert covered(context.summary) == ["turn 1"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("ceiling", [False, True], ids=["wait_for_summary", "ceiling"])
+async def test_a_read_waiting_for_a_summary_already_riding_has_it_committed_at_once(
+    db_path, monkeypatch, ceiling: bool
+) -> None:
+    """The summary is stored, waiting for a ride, when a read comes that must wait for it: it goes at once."""
+    monkeypatch.setattr(committer, "SUMMARY_RIDER_SECONDS", 3600.0)
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
+    # With a ceiling the raw episodes exceed, a plain read waits (up to max_context_wait) for the summary.
+    config = (
+        SessionConfig(max_episodes=2, evict_to=1, passivate_after=None, lease_ttl=600.0, max_context_tokens=40)
+        if ceiling
+        else CONFIG
+    )
+    if ceiling:
+        config = attrs.evolve(config, max_context_wait=3600.0)
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
+            session = engine.session("s")
+            for turn in range(1, 4):
+                await session.add([Episode("user", f"turn {turn} " + "word " * 20)])
+            await anyio.wait_all_tasks_blocked()  # the summary was made and waits for a ride
+            context = await session.context(wait_for_summary=not ceiling)
+    assert covered(context.summary) == [f"turn 1 {'word ' * 20}"]  # waited for, and committed without a ride

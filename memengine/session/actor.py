@@ -115,6 +115,7 @@ class SessionActor(ClientHandlers):
             services.summary_slots,
             self._summary_answered,
             services.telemetry,
+            self._reads_wait,
         )
         self._count_tokens = tokenizer_of(config, session_id)
         self._summary = SessionSummary(self._child, config, self._count_tokens, session_id)
@@ -193,6 +194,10 @@ class SessionActor(ClientHandlers):
             # Whatever ended the activation (passivation, shutdown, a bug), no
             # caller is left waiting on it.
             self._stop(stop_error)
+
+    def _reads_wait(self) -> bool:
+        """Whether a read waits for a summary (the child then has its next one committed at once)."""
+        return bool(self._waiting)
 
     def _summary_answered(self, message: SummaryStored | SummaryFailed) -> None:
         """The summarizer child's answer, queued for the actor; dropped if this activation has stopped.

@@ -181,7 +181,7 @@ class ClientHandlers(ActivationState):
         if message.wait_for_summary and evicted_through is not None and self._summary.set_aside is not None:
             self._fail(message, set_aside_error(self.session_id, self._summary.set_aside))  # nothing to wait for
         elif message.wait_for_summary and evicted_through is not None:
-            self._waiting.add(message, evicted_through)
+            self._wait_for_summary(message, evicted_through)
         else:
             context = self._context()
             omitted = context.omitted
@@ -193,9 +193,18 @@ class ClientHandlers(ActivationState):
             ):
                 # Over the ceiling while the summarizer is behind: wait for the summary of the evicted
                 # episodes left out (the caller bounds the wait, then reads again without it).
-                self._waiting.add(message, min(omitted.last_seq, evicted_through))
+                self._wait_for_summary(message, min(omitted.last_seq, evicted_through))
             else:
                 self._answer(message, context)
+
+    def _wait_for_summary(self, message: ReadContext, through_seq: int) -> None:
+        """Keep the read until episodes up to ``through_seq`` are summarized; a summary made meanwhile commits now.
+
+        (A summary waiting to ride along with the next write goes at once; one still being made is
+        committed as soon as it is, since the child sees a read waiting: see summarizer/actor.py.)
+        """
+        self._waiting.add(message, through_seq)
+        self._store.hurry_riders()
 
     async def _on_delete(self, message: DeleteEpisodes) -> None:
         await self._settle_append()

@@ -263,11 +263,21 @@ class Store(Protocol):
         See session/window.py.
         """
 
-    async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
+    async def store_summary(
+        self, session_id: str, token: int, generation: int, through_seq: int, summary: str, *, awaited: bool = False
+    ) -> bool:
         """Upsert a summary of live episodes ``1..through_seq``.
 
         Returns ``False``, writing nothing, when ``generation`` is no longer the
         session's generation (checked in the same transaction as the write).
+        It rides along with the next write, or commits alone a moment later
+        (see :meth:`hurry_riders`); with ``awaited`` (a read waits for it), now.
+        """
+
+    def hurry_riders(self) -> None:
+        """Commit what waits to ride along with the next write (summaries, eviction boundaries) now.
+
+        For a read that waits for a summary: it is not kept waiting for a write to come along.
         """
 
     async def delete_episodes(self, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:

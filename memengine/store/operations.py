@@ -59,12 +59,15 @@ class GroupCommitStore(SideWork):
     async def load_session(self, session_id: str) -> SessionSnapshot:
         return await self._read(lambda db: journal.load(db, session_id))
 
-    async def store_summary(self, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
+    async def store_summary(
+        self, session_id: str, token: int, generation: int, through_seq: int, summary: str, *, awaited: bool = False
+    ) -> bool:
         # It rides along with the next write (an add, most often), within SUMMARY_RIDER_SECONDS: a commit (an
-        # fsync at synchronous=FULL) less per summary, and no add waits behind a summary's own commit.
+        # fsync at synchronous=FULL) less per summary, and no add waits behind a summary's own commit. Unless
+        # a read waits for it: then it commits now.
         return await self._submit(
             lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary),
-            ride=committer.SUMMARY_RIDER_SECONDS,
+            ride=None if awaited else committer.SUMMARY_RIDER_SECONDS,
         )
 
     async def delete_episodes(self, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:

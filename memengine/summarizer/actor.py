@@ -64,6 +64,7 @@ class SummarizerActor:
         limiter: anyio.CapacityLimiter,
         acknowledge: Callable[[SummaryStored | SummaryFailed], None],
         telemetry: Telemetry = NO_TELEMETRY,
+        awaited: Callable[[], bool] = lambda: False,
     ) -> None:
         self._session_id = session_id
         self._summarizer = summarizer
@@ -71,6 +72,8 @@ class SummarizerActor:
         self._config = config
         self._limiter = limiter
         self._acknowledge = acknowledge
+        #: Whether a read waits for the session's next summary (then it is committed at once, not riding along).
+        self._awaited = awaited
         self._telemetry = telemetry
         self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
         self._newest_generation = 0
@@ -129,7 +132,7 @@ class SummarizerActor:
                 call, config.summarize_attempts, config.summarize_backoff, config.summarize_backoff_max, before_sleep
             )
             stored = await self._store.store_summary(
-                self._session_id, batch.token, batch.generation, batch.through_seq, summary
+                self._session_id, batch.token, batch.generation, batch.through_seq, summary, awaited=self._awaited()
             )
         except (LeaseLostError, UncertainCommitError) as exc:
             # Not a failure to retry: the session reloads (another process may own it now).
