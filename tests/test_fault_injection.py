@@ -188,6 +188,11 @@ class FaultyConnection:
             due.strike()
 
 
+#: How the store's write transactions begin (a read on the read connection begins with a plain, deferred BEGIN:
+#: a fault meant to hold the writer must not stall a background read instead, which holds up no write).
+WRITE_BEGIN = "BEGIN IMMEDIATE"
+
+
 def install_faults(engine: Engine) -> FaultyConnection:
     """Faults for the store's write connection and its read connection alike."""
     store: Any = engine.store
@@ -222,7 +227,7 @@ async def in_one_transaction(
     With ``in_order``, each call's write is queued before the next call starts,
     so the transaction runs them in the order given.
     """
-    hold = faults.inject("BEGIN", fail=False, stall=True, times=1)
+    hold = faults.inject(WRITE_BEGIN, fail=False, stall=True, times=1)
     outcomes: list[Outcome] = [None] * len(calls)
 
     async def run(index: int, call: Callable[[], Awaitable[Any]]) -> None:
@@ -689,7 +694,7 @@ async def test_a_stalled_store_delays_writers_but_loses_nothing(db_path: Path, s
     async with engine_with_faults(db_path) as (engine, faults):
         for name in ("a", "b", "c"):
             await engine.session(name).context()
-        hold = faults.inject("BEGIN", fail=False, stall=True, times=1)
+        hold = faults.inject(WRITE_BEGIN, fail=False, stall=True, times=1)
         impatient = Episode("user", "b 1, whose caller gave up")
         results: dict[str, Any] = {}
 
