@@ -111,3 +111,31 @@ async def test_a_group_commit_of_thousands_of_sessions_checks_their_leases_at_on
         assert not await store._submit(lambda db: leases.all_held(db, stale))  # type: ignore[attr-defined]
         missing = [*held, ("never leased", 1)]
         assert not await store._submit(lambda db: leases.all_held(db, missing))  # type: ignore[attr-defined]
+
+
+async def test_riders_keep_to_a_transactions_bounds(db_path, monkeypatch) -> None:
+    """What rides along (summaries, eviction boundaries of many sessions at once) is split at the row bound too."""
+    from memengine.store import committer
+
+    from .test_eviction_boundary_rides_along import Transactions
+
+    monkeypatch.setattr(committer, "TRANSACTION_ROWS", 5)
+    transactions = Transactions()
+    async with open_engine(db_path) as engine:
+        store = engine.store
+        store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
+
+        def rider(n: int):
+            return lambda db: db.execute(f"SELECT 'rider {n}'").fetchall()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                for n in range(12):
+                    group.start_soon(lambda n=n: store._submit(rider(n), ride=3600.0))  # type: ignore[attr-defined]
+                await anyio.wait_all_tasks_blocked()
+                store.hurry_riders()  # (only eviction boundaries riding would not be hurried; these are not)
+        store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    carried = [[s for s in statements if s.startswith("SELECT 'rider")] for statements in transactions.committed]
+    carried = [riders for riders in carried if riders]
+    assert sorted(s for riders in carried for s in riders) == sorted(f"SELECT 'rider {n}'" for n in range(12))
+    assert max(len(riders) for riders in carried) <= 5, carried

@@ -11,6 +11,8 @@ stored its episodes stay shown raw, as for any summary being computed.
 
 from __future__ import annotations
 
+import functools
+
 import anyio
 import attrs
 import pytest
@@ -19,7 +21,7 @@ from memengine import Episode, SessionConfig, open_engine
 from memengine.store import committer
 
 from .fakes import GatedSummarizer, RecordingSummarizer, covered
-from .test_eviction_boundary_rides_along import GUARD, Transactions, writes
+from .test_eviction_boundary_rides_along import BOUNDARY, GUARD, Transactions, writes
 
 pytestmark = pytest.mark.anyio
 
@@ -116,3 +118,64 @@ async def test_a_read_waiting_for_a_summary_already_riding_has_it_committed_at_o
             await anyio.wait_all_tasks_blocked()  # the summary was made and waits for a ride
             context = await session.context(wait_for_summary=not ceiling)
     assert covered(context.summary) == [f"turn 1 {'word ' * 20}"]  # waited for, and committed without a ride
+
+
+# -- a backlog drains at the summarizer's pace --------------------------------------------
+
+
+@pytest.mark.parametrize("backlog", ["add", "delete"])
+async def test_a_backlog_of_batches_is_not_paced_by_the_ride(db_path, stored, monkeypatch, backlog: str) -> None:
+    """Batches that leave more behind them commit at once: with no write to ride with, each would wait its ride out.
+
+    The child takes the next batch only once the one before is stored, so a
+    ride per batch would pace a backlog (a large add, a re-summary after a
+    delete, a restart's pending summaries) at one batch per ride. Only the
+    batch that empties the backlog may ride.
+    """
+    monkeypatch.setattr(committer, "SUMMARY_RIDER_SECONDS", 3600.0)  # a batch that rides never commits in the test
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
+    config = SessionConfig(max_episodes=10, evict_to=0.5, summarize_batch_max=5, passivate_after=None, lease_ttl=600.0)
+    summarizer = RecordingSummarizer()
+    async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", f"turn {turn}") for turn in range(1, 61)])
+        evicted = (await session.context()).evicted_through
+        assert evicted is not None and evicted >= 50
+        if backlog == "delete":
+            await session.context(wait_for_summary=True)  # (the read has every batch committed at once)
+            calls = len(summarizer.calls)
+            assert await session.delete_episodes([2]) == 1  # every summary is dropped: all of it again
+        else:
+            calls = 0
+        with anyio.fail_after(GUARD):
+            while not summarizer.calls[calls:] or summarizer.calls[-1][-1] < evicted:  # noqa: ASYNC110
+                await anyio.sleep(0.01)  # the summarizer is called for the last batch once the others are stored
+        assert len(summarizer.calls) - calls >= 10
+    # The last batch rode, and committed as the engine closed: the summary covers every evicted episode.
+    (through, text), *_ = sorted(stored.summaries("s"), reverse=True)
+    assert through == evicted
+    assert covered(text) == [f"turn {n}" for n in range(1, evicted + 1) if not (backlog == "delete" and n == 2)]
+
+
+async def test_a_read_waiting_for_a_summary_still_being_made_commits_no_boundary_alone(db_path, monkeypatch) -> None:
+    """Hurrying riders for a read helps only if its summary rides: boundaries alone would be a commit for nothing."""
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
+    summarizer = GatedSummarizer()
+    transactions = Transactions()
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, summarizer=summarizer, config=CONFIG) as engine:
+            session = engine.session("s")
+            await session.context()
+            engine.store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
+            for turn in range(1, 4):
+                await session.add([Episode("user", f"turn {turn}")])  # an eviction boundary rides
+            await summarizer.wait_until_called()
+            async with anyio.create_task_group() as group:
+                group.start_soon(functools.partial(session.context, wait_for_summary=True))
+                await anyio.wait_all_tasks_blocked()
+                summarizer.release()
+            engine.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    alone = [t for t in transactions.committed if writes(t) and all(s.startswith(BOUNDARY) for s in writes(t))]
+    assert alone == []
+    summary_commits = [t for t in transactions.committed if any(s.startswith(SUMMARY) for s in t)]
+    assert len(summary_commits) == 1 and any(s.startswith(BOUNDARY) for s in summary_commits[0])

@@ -181,9 +181,13 @@ class Committer(Transactions):
             self._queue_filled.set()
 
     def hurry_riders(self) -> None:
-        """Someone waits for what rides along (a read, for a summary): the riders commit now, alone if need be."""
+        """A read waits for a summary: a summary riding along commits now (with the other riders), alone if need be.
+
+        Only eviction boundaries riding: nothing (a summary still being made is submitted unhurried then,
+        see SummarizeBatch), so they are not committed alone for nothing.
+        """
         now = anyio.current_time()
-        if self._riders and self._riders_due > now:
+        if self._riders_due > now and any(rider.eviction is None for rider in self._riders):
             self._riders_due = now
             self._queue_filled.set()  # a parked committer looks again, and finds them due
 
@@ -267,11 +271,22 @@ class Committer(Transactions):
     def _take_batch(self) -> list[Submission]:
         """The next transaction's operations: every urgent one, then queued ones up to the bounds."""
         batch, self._urgent = self._urgent, []
-        if self._riders:
-            batch.extend(self._riders)
-            self._riders = []
-            self._riders_due = math.inf
         rows = chars = 0
+        if self._riders:
+            riders = self._riders
+            taken = 0
+            for rider in riders:  # within the bounds too: many sessions' summaries may ride at once
+                if batch and (rows + rider.size > TRANSACTION_ROWS or chars + rider.chars > TRANSACTION_CHARS):
+                    break
+                batch.append(rider)
+                rows += rider.size
+                chars += rider.chars
+                taken += 1
+            if taken == len(riders):
+                self._riders = []
+                self._riders_due = math.inf
+            else:
+                del riders[:taken]  # still due: they go in the next transaction
         queue = self._queue
         while queue:
             submission = queue[0]

@@ -40,12 +40,16 @@ class SummarizeBatch:
     """Fold ``episodes`` into ``previous``; valid only while the session is at ``generation``.
 
     ``token`` is the session's lease: the summary is stored only while it holds.
+    ``more``: evicted episodes wait behind this batch (a backlog), so its
+    summary is committed at once rather than riding along with the next write:
+    the next batch is sent only once this one is stored.
     """
 
     generation: int
     previous: str | None
     episodes: tuple[Episode, ...]
     token: int
+    more: bool = False
 
     @property
     def through_seq(self) -> int:
@@ -72,7 +76,8 @@ class SummarizerActor:
         self._config = config
         self._limiter = limiter
         self._acknowledge = acknowledge
-        #: Whether a read waits for the session's next summary (then it is committed at once, not riding along).
+        #: Whether a read waits for the session's next summary (then it is committed at once, not riding along;
+        #: so is a batch with more behind it, see SummarizeBatch.more).
         self._awaited = awaited
         self._telemetry = telemetry
         self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
@@ -132,7 +137,12 @@ class SummarizerActor:
                 call, config.summarize_attempts, config.summarize_backoff, config.summarize_backoff_max, before_sleep
             )
             stored = await self._store.store_summary(
-                self._session_id, batch.token, batch.generation, batch.through_seq, summary, awaited=self._awaited()
+                self._session_id,
+                batch.token,
+                batch.generation,
+                batch.through_seq,
+                summary,
+                awaited=batch.more or self._awaited(),
             )
         except (LeaseLostError, UncertainCommitError) as exc:
             # Not a failure to retry: the session reloads (another process may own it now).
