@@ -139,3 +139,31 @@ async def test_riders_keep_to_a_transactions_bounds(db_path, monkeypatch) -> Non
     carried = [riders for riders in carried if riders]
     assert sorted(s for riders in carried for s in riders) == sorted(f"SELECT 'rider {n}'" for n in range(12))
     assert max(len(riders) for riders in carried) <= 5, carried
+
+
+async def test_riders_take_no_room_from_the_write_they_ride_with(db_path, monkeypatch) -> None:
+    """An add that fills a transaction takes the riders along: they never push it into a transaction of its own."""
+    from memengine.store import committer
+
+    from .test_eviction_boundary_rides_along import Transactions
+
+    monkeypatch.setattr(committer, "TRANSACTION_ROWS", 5)
+    transactions = Transactions()
+    async with open_engine(db_path) as engine:
+        session = engine.session("s")
+        await session.context()
+        store = engine.store
+        store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
+
+        def rider(n: int):
+            return lambda db: db.execute(f"SELECT 'rider {n}'").fetchall()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                for n in range(3):
+                    group.start_soon(lambda n=n: store._submit(rider(n), ride=3600.0))  # type: ignore[attr-defined]
+                await anyio.wait_all_tasks_blocked()
+                await session.add([Episode("user", f"turn {n}") for n in range(5)])  # a full transaction's rows
+        store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    (with_add,) = [t for t in transactions.committed if any(s.startswith("INSERT INTO episodes") for s in t)]
+    assert sorted(s for s in with_add if s.startswith("SELECT 'rider")) == [f"SELECT 'rider {n}'" for n in range(3)]

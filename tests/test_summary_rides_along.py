@@ -179,3 +179,28 @@ async def test_a_read_waiting_for_a_summary_still_being_made_commits_no_boundary
     assert alone == []
     summary_commits = [t for t in transactions.committed if any(s.startswith(SUMMARY) for s in t)]
     assert len(summary_commits) == 1 and any(s.startswith(BOUNDARY) for s in summary_commits[0])
+
+
+async def test_a_backlogs_summaries_ride_along_with_adds_that_come(db_path, monkeypatch) -> None:
+    """While adds come, each batch of a backlog rides with one: no summary costs a commit of its own."""
+    monkeypatch.setattr(committer, "BACKLOG_RIDER_SECONDS", 3600.0)  # never alone: only with an add
+    monkeypatch.setattr(committer, "SUMMARY_RIDER_SECONDS", 3600.0)
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
+    config = SessionConfig(max_episodes=10, evict_to=0.5, summarize_batch_max=5, passivate_after=None, lease_ttl=600.0)
+    summarizer = RecordingSummarizer()
+    transactions = Transactions()
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
+            session = engine.session("s")
+            await session.context()
+            engine.store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
+            await session.add([Episode("user", f"turn {turn}") for turn in range(1, 31)])  # a backlog of batches
+            for turn in range(31, 41):
+                await anyio.wait_all_tasks_blocked()  # the batch's summary is made, and rides
+                await session.add([Episode("user", f"turn {turn}")])
+            await anyio.wait_all_tasks_blocked()
+            engine.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    with_summaries = [t for t in transactions.committed if any(s.startswith(SUMMARY) for s in t)]
+    assert len(with_summaries) >= 5  # the backlog's batches, one per add
+    for statements in with_summaries:
+        assert any(s.startswith("INSERT INTO episodes") for s in statements), statements

@@ -140,7 +140,7 @@ class SessionSummary:
             batch_tokens = 0 if max_tokens is None else sum([self._count_tokens(e.content) for e in batch])
         previous = self._previous_for(batch, input_chars - batch_chars, input_tokens, batch_tokens)
         # The summarizer is the user's code: it gets copies, so nothing it does changes the window.
-        more = end < window.evicted  # a backlog: this summary is not to wait for a write to ride with
+        more = end < window.evicted  # a backlog: this summary waits only briefly for a write to ride with
         self._child.submit(SummarizeBatch(self.generation, previous, handed_out(batch), token, more))
         self._in_flight = True
 

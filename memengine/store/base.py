@@ -264,14 +264,23 @@ class Store(Protocol):
         """
 
     async def store_summary(
-        self, session_id: str, token: int, generation: int, through_seq: int, summary: str, *, awaited: bool = False
+        self,
+        session_id: str,
+        token: int,
+        generation: int,
+        through_seq: int,
+        summary: str,
+        *,
+        awaited: bool = False,
+        backlog: bool = False,
     ) -> bool:
         """Upsert a summary of live episodes ``1..through_seq``.
 
         Returns ``False``, writing nothing, when ``generation`` is no longer the
         session's generation (checked in the same transaction as the write).
         It rides along with the next write, or commits alone a moment later
-        (see :meth:`hurry_riders`); with ``awaited`` (a read waits for it), now.
+        (see :meth:`hurry_riders`); with ``awaited`` (a read waits for it), now;
+        with ``backlog`` (more batches wait behind it), after a few milliseconds.
         """
 
     def hurry_riders(self) -> None:

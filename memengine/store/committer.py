@@ -78,6 +78,9 @@ TRANSACTION_CHARS = 8_000_000
 RIDER_SECONDS = 1.0
 #: Seconds a summary waits to ride along with another write (an add, most often) before it commits on its own.
 SUMMARY_RIDER_SECONDS = 0.05
+#: The same for a summary with more of a backlog behind it: the next batch waits for it, so only a write already on
+#: its way is worth waiting for.
+BACKLOG_RIDER_SECONDS = 0.005
 #: Seconds closing waits for submitted operations before interrupting them.
 CLOSE_TIMEOUT = 2.0
 #: Seconds, once closing stopped waiting for the work, that the statements it interrupted get to
@@ -271,22 +274,23 @@ class Committer(Transactions):
     def _take_batch(self) -> list[Submission]:
         """The next transaction's operations: every urgent one, then queued ones up to the bounds."""
         batch, self._urgent = self._urgent, []
-        rows = chars = 0
         if self._riders:
+            # Riders take no room from queued work (they ride along with it), but are bounded on their own:
+            # many sessions' summaries may ride at once.
             riders = self._riders
-            taken = 0
-            for rider in riders:  # within the bounds too: many sessions' summaries may ride at once
-                if batch and (rows + rider.size > TRANSACTION_ROWS or chars + rider.chars > TRANSACTION_CHARS):
+            taken = rows = 0
+            for rider in riders:
+                if taken and rows + rider.size > TRANSACTION_ROWS:
                     break
-                batch.append(rider)
                 rows += rider.size
-                chars += rider.chars
                 taken += 1
+            batch.extend(riders[:taken])
             if taken == len(riders):
                 self._riders = []
                 self._riders_due = math.inf
             else:
                 del riders[:taken]  # still due: they go in the next transaction
+        rows = chars = 0
         queue = self._queue
         while queue:
             submission = queue[0]

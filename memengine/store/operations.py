@@ -60,14 +60,25 @@ class GroupCommitStore(SideWork):
         return await self._read(lambda db: journal.load(db, session_id))
 
     async def store_summary(
-        self, session_id: str, token: int, generation: int, through_seq: int, summary: str, *, awaited: bool = False
+        self,
+        session_id: str,
+        token: int,
+        generation: int,
+        through_seq: int,
+        summary: str,
+        *,
+        awaited: bool = False,
+        backlog: bool = False,
     ) -> bool:
         # It rides along with the next write (an add, most often), within SUMMARY_RIDER_SECONDS: a commit (an
         # fsync at synchronous=FULL) less per summary, and no add waits behind a summary's own commit. Unless
-        # a read waits for it: then it commits now.
+        # a read waits for it: then it commits now; or a backlog waits behind it: then only briefly.
+        if awaited:
+            ride = None
+        else:
+            ride = committer.BACKLOG_RIDER_SECONDS if backlog else committer.SUMMARY_RIDER_SECONDS
         return await self._submit(
-            lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary),
-            ride=None if awaited else committer.SUMMARY_RIDER_SECONDS,
+            lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary), ride=ride
         )
 
     async def delete_episodes(self, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:

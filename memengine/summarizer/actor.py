@@ -41,8 +41,8 @@ class SummarizeBatch:
 
     ``token`` is the session's lease: the summary is stored only while it holds.
     ``more``: evicted episodes wait behind this batch (a backlog), so its
-    summary is committed at once rather than riding along with the next write:
-    the next batch is sent only once this one is stored.
+    summary waits only a few milliseconds to ride along with a write (the next
+    batch is sent only once this one is stored), not ``SUMMARY_RIDER_SECONDS``.
     """
 
     generation: int
@@ -76,8 +76,7 @@ class SummarizerActor:
         self._config = config
         self._limiter = limiter
         self._acknowledge = acknowledge
-        #: Whether a read waits for the session's next summary (then it is committed at once, not riding along;
-        #: so is a batch with more behind it, see SummarizeBatch.more).
+        #: Whether a read waits for the session's next summary (then it is committed at once, not riding along).
         self._awaited = awaited
         self._telemetry = telemetry
         self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
@@ -142,7 +141,8 @@ class SummarizerActor:
                 batch.generation,
                 batch.through_seq,
                 summary,
-                awaited=batch.more or self._awaited(),
+                awaited=self._awaited(),
+                backlog=batch.more,
             )
         except (LeaseLostError, UncertainCommitError) as exc:
             # Not a failure to retry: the session reloads (another process may own it now).
