@@ -284,7 +284,7 @@ class Store(Protocol):
         """
 
     def hurry_riders(self) -> None:
-        """Commit what waits to ride along with the next write (summaries, eviction boundaries) now.
+        """If a summary waits to ride along with the next write, commit it (and what rides with it) now.
 
         For a read that waits for a summary: it is not kept waiting for a write to come along.
         """

@@ -272,7 +272,7 @@ class Committer(Transactions):
             raise AssertionError("unreachable")
 
     def _take_batch(self) -> list[Submission]:
-        """The next transaction's operations: every urgent one, then queued ones up to the bounds."""
+        """The next transaction's operations: urgent ones, riders (up to TRANSACTION_ROWS), queued ones to bounds."""
         batch, self._urgent = self._urgent, []
         if self._riders:
             # Riders take no room from queued work (they ride along with it), but are bounded on their own:
