@@ -5,10 +5,14 @@ from __future__ import annotations
 import threading
 
 import anyio
+import anyio.abc
 import pytest
 
 from memengine import Episode, StoreError, open_engine
+from memengine.store import committer
 from memengine.store.sqlite import open_sqlite_store
+
+from .test_eviction_boundary_rides_along import Transactions
 
 pytestmark = pytest.mark.anyio
 
@@ -113,40 +117,40 @@ async def test_a_group_commit_of_thousands_of_sessions_checks_their_leases_at_on
         assert not await store._submit(lambda db: leases.all_held(db, missing))  # type: ignore[attr-defined]
 
 
+def _rider(n: int):
+    """An operation that rides along, seen in the trace of the transaction that carried it."""
+    return lambda db: db.execute(f"SELECT 'rider {n}'").fetchall()
+
+
+def _riding(store, group: anyio.abc.TaskGroup, count: int) -> None:
+    for n in range(count):
+        group.start_soon(lambda n=n: store._submit(_rider(n), ride=3600.0))
+
+
+def _riders_in(statements: list[str]) -> list[str]:
+    return [s for s in statements if s.startswith("SELECT 'rider")]
+
+
 async def test_riders_keep_to_a_transactions_bounds(db_path, monkeypatch) -> None:
     """What rides along (summaries, eviction boundaries of many sessions at once) is split at the row bound too."""
-    from memengine.store import committer
-
-    from .test_eviction_boundary_rides_along import Transactions
-
     monkeypatch.setattr(committer, "TRANSACTION_ROWS", 5)
     transactions = Transactions()
     async with open_engine(db_path) as engine:
         store = engine.store
         store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
-
-        def rider(n: int):
-            return lambda db: db.execute(f"SELECT 'rider {n}'").fetchall()
-
-        with anyio.fail_after(30):
+        with anyio.fail_after(DEADLINE):
             async with anyio.create_task_group() as group:
-                for n in range(12):
-                    group.start_soon(lambda n=n: store._submit(rider(n), ride=3600.0))  # type: ignore[attr-defined]
+                _riding(store, group, 12)
                 await anyio.wait_all_tasks_blocked()
                 store.hurry_riders()  # (only eviction boundaries riding would not be hurried; these are not)
         store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
-    carried = [[s for s in statements if s.startswith("SELECT 'rider")] for statements in transactions.committed]
-    carried = [riders for riders in carried if riders]
+    carried = [riders for riders in map(_riders_in, transactions.committed) if riders]
     assert sorted(s for riders in carried for s in riders) == sorted(f"SELECT 'rider {n}'" for n in range(12))
     assert max(len(riders) for riders in carried) <= 5, carried
 
 
 async def test_riders_take_no_room_from_the_write_they_ride_with(db_path, monkeypatch) -> None:
     """An add that fills a transaction takes the riders along: they never push it into a transaction of its own."""
-    from memengine.store import committer
-
-    from .test_eviction_boundary_rides_along import Transactions
-
     monkeypatch.setattr(committer, "TRANSACTION_ROWS", 5)
     transactions = Transactions()
     async with open_engine(db_path) as engine:
@@ -154,16 +158,11 @@ async def test_riders_take_no_room_from_the_write_they_ride_with(db_path, monkey
         await session.context()
         store = engine.store
         store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
-
-        def rider(n: int):
-            return lambda db: db.execute(f"SELECT 'rider {n}'").fetchall()
-
-        with anyio.fail_after(30):
+        with anyio.fail_after(DEADLINE):
             async with anyio.create_task_group() as group:
-                for n in range(3):
-                    group.start_soon(lambda n=n: store._submit(rider(n), ride=3600.0))  # type: ignore[attr-defined]
+                _riding(store, group, 3)
                 await anyio.wait_all_tasks_blocked()
                 await session.add([Episode("user", f"turn {n}") for n in range(5)])  # a full transaction's rows
         store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
     (with_add,) = [t for t in transactions.committed if any(s.startswith("INSERT INTO episodes") for s in t)]
-    assert sorted(s for s in with_add if s.startswith("SELECT 'rider")) == [f"SELECT 'rider {n}'" for n in range(3)]
+    assert sorted(_riders_in(with_add)) == [f"SELECT 'rider {n}'" for n in range(3)]

@@ -28,6 +28,10 @@ pytestmark = pytest.mark.anyio
 # Long leases: no renewal (a transaction to ride with) comes during a test, however slow the machine.
 CONFIG = SessionConfig(max_episodes=2, evict_to=1, passivate_after=None, lease_ttl=600.0)
 SUMMARY = "INSERT INTO summaries"
+# A window that evicts many batches' worth at once: a backlog.
+BACKLOG_CONFIG = SessionConfig(
+    max_episodes=10, evict_to=0.5, summarize_batch_max=5, passivate_after=None, lease_ttl=600.0
+)
 
 
 async def test_under_adds_every_summary_goes_into_an_adds_commit(db_path, stored, monkeypatch) -> None:
@@ -103,13 +107,7 @@ async def test_a_read_waiting_for_a_summary_already_riding_has_it_committed_at_o
     monkeypatch.setattr(committer, "SUMMARY_RIDER_SECONDS", 3600.0)
     monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
     # With a ceiling the raw episodes exceed, a plain read waits (up to max_context_wait) for the summary.
-    config = (
-        SessionConfig(max_episodes=2, evict_to=1, passivate_after=None, lease_ttl=600.0, max_context_tokens=40)
-        if ceiling
-        else CONFIG
-    )
-    if ceiling:
-        config = attrs.evolve(config, max_context_wait=3600.0)
+    config = attrs.evolve(CONFIG, max_context_tokens=40, max_context_wait=3600.0) if ceiling else CONFIG
     with anyio.fail_after(GUARD):
         async with open_engine(db_path, summarizer=RecordingSummarizer(), config=config) as engine:
             session = engine.session("s")
@@ -125,18 +123,18 @@ async def test_a_read_waiting_for_a_summary_already_riding_has_it_committed_at_o
 
 @pytest.mark.parametrize("backlog", ["add", "delete"])
 async def test_a_backlog_of_batches_is_not_paced_by_the_ride(db_path, stored, monkeypatch, backlog: str) -> None:
-    """Batches that leave more behind them commit at once: with no write to ride with, each would wait its ride out.
+    """Batches that leave more behind them ride only briefly: with no write to ride with, each would wait its ride out.
 
     The child takes the next batch only once the one before is stored, so a
     ride per batch would pace a backlog (a large add, a re-summary after a
-    delete, a restart's pending summaries) at one batch per ride. Only the
-    batch that empties the backlog may ride.
+    delete, a restart's pending summaries) at one batch per ride. Such a batch
+    waits BACKLOG_RIDER_SECONDS; only the batch that empties the backlog waits
+    SUMMARY_RIDER_SECONDS (here, for ever).
     """
     monkeypatch.setattr(committer, "SUMMARY_RIDER_SECONDS", 3600.0)  # a batch that rides never commits in the test
     monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
-    config = SessionConfig(max_episodes=10, evict_to=0.5, summarize_batch_max=5, passivate_after=None, lease_ttl=600.0)
     summarizer = RecordingSummarizer()
-    async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
+    async with open_engine(db_path, summarizer=summarizer, config=BACKLOG_CONFIG) as engine:
         session = engine.session("s")
         await session.add([Episode("user", f"turn {turn}") for turn in range(1, 61)])
         evicted = (await session.context()).evicted_through
@@ -186,11 +184,10 @@ async def test_a_backlogs_summaries_ride_along_with_adds_that_come(db_path, monk
     monkeypatch.setattr(committer, "BACKLOG_RIDER_SECONDS", 3600.0)  # never alone: only with an add
     monkeypatch.setattr(committer, "SUMMARY_RIDER_SECONDS", 3600.0)
     monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)
-    config = SessionConfig(max_episodes=10, evict_to=0.5, summarize_batch_max=5, passivate_after=None, lease_ttl=600.0)
     summarizer = RecordingSummarizer()
     transactions = Transactions()
     with anyio.fail_after(GUARD):
-        async with open_engine(db_path, summarizer=summarizer, config=config) as engine:
+        async with open_engine(db_path, summarizer=summarizer, config=BACKLOG_CONFIG) as engine:
             session = engine.session("s")
             await session.context()
             engine.store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
