@@ -17,10 +17,17 @@ is deleted: the one at 1%, 50% and 99% of the session. Printed per position:
   characters;
 * ``raw after``: the raw episodes once it is.
 
+Both ways of keeping the summarized past are measured in one run: one
+rolling summary (the default) and segment summaries
+(``SessionConfig(segment_summaries=True)``, store/segments.py: a summary per
+batch, merged pairwise by ``fold`` calls; a delete re-makes the batch that
+held the episode and the merges above it). For segments, ``calls`` counts
+until every merge above the repaired batch is made again too. Building the
+session prints what each way costs without deletes: calls and input.
+
 The issue this measures (#28) asks for at most about log2(n) calls (14 at
-20,000) and at most 2,000 raw episodes meanwhile; the columns are printed for
-the code as it is, so the change can be measured against them in one run of
-this script. Everything runs in one process; only counts are compared.
+20,000) and at most 2,000 raw episodes meanwhile. Everything runs in one
+process; only counts are compared.
 
 Run: ``PYTHONPATH=$PWD python benchmarks/delete_resummary.py [--episodes N] [--backend asyncio|trio]``.
 """
@@ -41,12 +48,15 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import attrs
 
 from memengine import Episode, SessionConfig, open_engine
+from memengine.store.base import Composed
 
 WINDOW = 50
 SUMMARY_CHARS = 2_000
 CONFIG = SessionConfig(max_episodes=WINDOW, max_chars=10**9)
+MODES = {"rolling": CONFIG, "segments": attrs.evolve(CONFIG, segment_summaries=True)}
 POSITIONS = (0.01, 0.50, 0.99)
 ADD_CHUNK = 500  # episodes per add while building the session
 
@@ -90,10 +100,11 @@ def content(rng: random.Random, n: int) -> str:
 
 
 class HeldSummarizer:
-    """A stand-in for an LLM that answers at once, unless held; counts calls and their input."""
+    """A stand-in for an LLM that answers at once, unless held; counts calls (merges apart) and their input."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.folds = 0
         self.input_chars = 0
         self.released = anyio.Event()
 
@@ -106,37 +117,58 @@ class HeldSummarizer:
         text = f"{previous or 'Summary:'} [{first}..{last}: {episodes[-1].content[:40]!r}]"
         return text[-SUMMARY_CHARS:]
 
+    async def fold(self, summaries: Sequence[str]) -> str:
+        await self.released.wait()
+        self.calls += 1
+        self.folds += 1
+        self.input_chars += sum(len(summary) for summary in summaries)
+        await anyio.lowlevel.checkpoint()
+        return " ".join(summaries)[-SUMMARY_CHARS:]
 
-async def build(path: Path, episodes: int) -> float:
+
+async def whole(engine, session) -> Any:
+    """The context once every evicted episode is summarized and, for segments, every merge due is made."""
+    await session.context(wait_for_summary=True)
+    while True:
+        state = await engine.store.segment_repair("chat")
+        if state is None or (isinstance(state, Composed) and not state.state.folds_due and not state.state.holes):
+            return await session.context()
+        await anyio.sleep(0.005)
+
+
+async def build(path: Path, episodes: int, config: SessionConfig) -> tuple[float, HeldSummarizer]:
     rng = random.Random(28)
     summarizer = HeldSummarizer()
     summarizer.released.set()
     started = time.perf_counter()
-    async with open_engine(path, summarizer=summarizer, config=CONFIG) as engine:
+    async with open_engine(path, summarizer=summarizer, config=config) as engine:
         session = engine.session("chat")
         for start in range(0, episodes, ADD_CHUNK):
             chunk = range(start, min(start + ADD_CHUNK, episodes))
             await session.add([Episode("user" if n % 2 == 0 else "assistant", content(rng, n)) for n in chunk])
-        context = await session.context(wait_for_summary=True)
+        context = await whole(engine, session)
         assert len(context.episodes) <= WINDOW, len(context.episodes)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, summarizer
 
 
-async def delete_at(path: Path, episodes: int, position: float) -> dict[str, Any]:
+async def delete_at(path: Path, episodes: int, position: float, config: SessionConfig) -> dict[str, Any]:
     seq = max(1, round(episodes * position))
     summarizer = HeldSummarizer()
-    async with open_engine(path, summarizer=summarizer, config=CONFIG) as engine:
+    async with open_engine(path, summarizer=summarizer, config=config) as engine:
         session = engine.session("chat")
         assert await session.delete_episodes([seq]) == 1
         meanwhile = await session.context()
         summarizer.released.set()
         started = time.perf_counter()
-        after = await session.context(wait_for_summary=True)
+        after = await whole(engine, session)
         elapsed = time.perf_counter() - started
+    deleted = f"[{seq - 1}] "  # how the deleted episode's text begins (content n is seq n + 1)
+    assert all(deleted not in (text or "") for text in (meanwhile.summary, after.summary))
     return {
         "seq": seq,
         "raw_meanwhile": len(meanwhile.episodes),
         "through_meanwhile": meanwhile.summarized_through,
+        "left_out": sum(last - first + 1 for first, last in meanwhile.resummarizing),
         "calls": summarizer.calls,
         "input_chars": summarizer.input_chars,
         "raw_after": len(after.episodes),
@@ -152,25 +184,30 @@ def copy_store(source: Path, target: Path) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        built = Path(directory) / "built.db"
-        seconds = await build(built, args.episodes)
+        built: dict[str, Path] = {}
+        print(f"{args.episodes:,} episodes of 1-10 KB, window {WINDOW}, summarized to the end ({args.backend}):")
+        for mode, config in MODES.items():
+            built[mode] = Path(directory) / f"built-{mode}.db"
+            seconds, summarizer = await build(built[mode], args.episodes, config)
+            print(
+                f"  {mode:>9}: {summarizer.calls} calls ({summarizer.folds} of them merges), "
+                f"input {summarizer.input_chars / 1e6:.1f} MB, {seconds:.1f} s"
+            )
+        print("one delete per copy of the store:")
         print(
-            f"{args.episodes:,} episodes of 1-10 KB, window {WINDOW}, summarized to the end in {seconds:.1f} s "
-            f"({args.backend}); one delete per copy of the store:"
-        )
-        print(
-            f"{'deleted':>10} {'seq':>7} {'raw meanwhile':>14} {'summary through':>16} "
-            f"{'calls':>6} {'input MB':>9} {'raw after':>10} {'s (fake LLM)':>13}"
+            f"{'summaries':>9} {'deleted':>8} {'seq':>7} {'raw meanwhile':>14} {'summary through':>16} "
+            f"{'left out':>9} {'calls':>6} {'input MB':>9} {'raw after':>10} {'s (fake LLM)':>13}"
         )
         for position in POSITIONS:
-            copy = Path(directory) / f"at-{position}.db"
-            copy_store(built, copy)
-            result = await delete_at(copy, args.episodes, position)
-            print(
-                f"{position:>10.0%} {result['seq']:>7} {result['raw_meanwhile']:>14,} "
-                f"{result['through_meanwhile']:>16,} {result['calls']:>6} "
-                f"{result['input_chars'] / 1e6:>9.1f} {result['raw_after']:>10} {result['seconds']:>13.1f}"
-            )
+            for mode, config in MODES.items():
+                copy = Path(directory) / f"at-{position}-{mode}.db"
+                copy_store(built[mode], copy)
+                result = await delete_at(copy, args.episodes, position, config)
+                print(
+                    f"{mode:>9} {position:>8.0%} {result['seq']:>7} {result['raw_meanwhile']:>14,} "
+                    f"{result['through_meanwhile']:>16,} {result['left_out']:>9} {result['calls']:>6} "
+                    f"{result['input_chars'] / 1e6:>9.1f} {result['raw_after']:>10} {result['seconds']:>13.1f}"
+                )
 
 
 if __name__ == "__main__":

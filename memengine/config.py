@@ -60,6 +60,11 @@ def _optional_clipping(instance: object, attribute: attrs.Attribute[Any], value:
         )
 
 
+def _bool(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"SessionConfig.{attribute.name} must be True or False, not {value!r}")
+
+
 def _optional_seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         _positive_seconds(instance, attribute, value)
@@ -154,6 +159,24 @@ class SessionConfig:
     and says what it left out (``Context.omitted``: episodes neither
     summarized nor shown). Writers never wait for it.
 
+    ``segment_summaries`` (default ``False``) keeps a session's summarized past
+    as a tree of summaries rather than one rolling summary (see
+    :mod:`memengine.store.segments`): each batch of evicted episodes is
+    summarized on its own (``summarize(None, batch)``, so a batch's summary
+    does not read the ones before it), and two neighbouring summaries of the
+    same size are merged by one more call (``Summarizer.fold`` if the
+    summarizer has one, else ``summarize`` given the second as an episode).
+    The summary a read gets is the few largest summaries that cover the past,
+    oldest first. A delete of an old episode then costs about ``log2`` of the
+    number of batches in summarizer calls (the batch that held it, and the
+    merges above it), and meanwhile the read gets every other summary, the
+    deleted episode's batch left out and marked (``Context.resummarizing``),
+    instead of every episode since the delete raw. The price is a merge call per
+    batch (on short inputs: two summaries), and summaries written without the
+    ones before them. Use it where deletes of old episodes happen (users who
+    may remove a message, erasure requests) in long sessions. A session, once
+    segmented, stays so.
+
     ``mailbox_capacity`` bounds the calls waiting for one session: when that
     many are queued unhandled, a further call waits for room before it is sent
     (back-pressure; a call cancelled while it waits was not sent).
@@ -199,6 +222,7 @@ class SessionConfig:
     )
     max_context_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)
     max_context_wait: float = attrs.field(default=2.0, validator=_non_negative_seconds)
+    segment_summaries: bool = attrs.field(default=False, validator=_bool)
 
     @property
     def context_ceiling(self) -> int | None:

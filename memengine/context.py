@@ -59,7 +59,15 @@ class Context:
     estimate), so a caller can budget the rest of its prompt. With
     ``SessionConfig.tool_clipping``, an old tool result among ``episodes`` is
     shown clipped, with a marker naming its seq, and counted so (see
-    :mod:`memengine.clipping`); the store keeps it whole.
+    :mod:`memengine.clipping`); the store keeps it whole. With
+    ``SessionConfig.segment_summaries``, a delete of an old episode leaves
+    the range of episodes summarized with it out of the summary until they
+    are summarized again: ``resummarizing`` lists those ranges
+    ``(first_seq, last_seq)`` (the summary marks each where it was); their
+    live episodes are neither in the summary nor shown meanwhile, so the
+    summary, ``resummarizing``, ``omitted`` and ``episodes`` cover the session
+    with no gap and no overlap. ``context(wait_for_summary=True)`` waits for
+    them too.
     """
 
     session_id: str
@@ -69,6 +77,7 @@ class Context:
     evicted_through: int
     tokens: int = 0
     omitted: Omitted | None = None
+    resummarizing: tuple[tuple[int, int], ...] = ()
     # The copies of the episodes this object hands out, made when first asked for (see episodes).
     _copies: list[tuple[Episode, ...]] = attrs.field(init=False, factory=list, eq=False, repr=False)
 

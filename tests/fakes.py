@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 
 from memengine import Episode, SummaryError
+from memengine.store.segments import PART_SEPARATOR
 
 
 def fold(previous: str | None, episodes: Sequence[Episode]) -> str:
@@ -19,7 +20,11 @@ def fold(previous: str | None, episodes: Sequence[Episode]) -> str:
 
 
 def covered(summary: str | None) -> list[str]:
-    return summary.split("|") if summary else []
+    """The contents a :func:`fold` summary covers, in order; a segmented one's parts too (hole markers cover none)."""
+    if not summary:
+        return []
+    parts = [part for part in summary.split(PART_SEPARATOR) if not part.startswith("[memengine:")]
+    return [text for part in parts for text in part.split("|")]
 
 
 class RecordingSummarizer:

@@ -8,7 +8,9 @@ forgotten with ``engine.forget`` (after which no text of theirs is in any text c
 the log records, or, once delivered, in the sink), and the
 engine stopped in the middle of an add by a cancelled scope or a failing
 sibling task), with the window drawn per run (chunked or one-at-a-time
-eviction, a token budget or none) and tool calls whose results come at once
+eviction, a token budget or none, one rolling summary or segment summaries:
+store/segments.py, where a delete erases a leaf and the folds above it and
+reads report the hole until it is summarized again) and tool calls whose results come at once
 or many steps later, and checks every invariant after every step (every read
 a valid request prefix: no tool result without its call before it), recall included,
 and the sink's model (retains add, forgets remove: it holds exactly the live
@@ -174,11 +176,16 @@ class EngineMachine(RuleBasedStateMachine):
         big_adds=st.sampled_from([0, 0, 0, 1]),
         evict_to=st.sampled_from([0.5, 1.0]),
         max_tokens=st.sampled_from([None, None, 4]),
+        segments=st.booleans(),
     )
-    def start(self, big_adds: int, evict_to: float, max_tokens: int | None) -> None:
+    def start(self, big_adds: int, evict_to: float, max_tokens: int | None, segments: bool = False) -> None:
         self.big_adds_left = big_adds  # an add of 4,001 costs seconds of delivery: in a quarter of the runs
         self.config = attrs.evolve(
-            CONFIG, evict_to=evict_to, max_tokens=max_tokens, tokenizer=None if max_tokens is None else _words
+            CONFIG,
+            evict_to=evict_to,
+            max_tokens=max_tokens,
+            tokenizer=None if max_tokens is None else _words,
+            segment_summaries=segments,  # store/segments.py: a delete re-summarizes its leaf and the folds above
         )
         self._open()
 
@@ -401,6 +408,7 @@ class EngineMachine(RuleBasedStateMachine):
         context = self.portal.call(self._wait_for_summary, self.engine.session(session))
         self._check_context(session, context)
         assert context.evicted_through == context.summarized_through
+        assert context.resummarizing == (), "a read that waited for the summary got one with holes"
 
     async def _wait_for_summary(self, handle) -> object:
         with anyio.fail_after(PATIENCE):
@@ -585,6 +593,10 @@ class EngineMachine(RuleBasedStateMachine):
                 gone = self._removed_contents(session)
                 for (summary,) in conn.execute("SELECT summary FROM summaries WHERE session_id = ?", (session,)):
                     assert gone.isdisjoint(covered(summary)), "a summary of removed episodes is readable"
+                for (summary,) in conn.execute(
+                    "SELECT summary FROM summary_segments WHERE session_id = ? AND summary IS NOT NULL", (session,)
+                ):
+                    assert gone.isdisjoint(covered(summary)), "a segment summary of removed episodes is readable"
         finally:
             conn.close()
 
@@ -643,7 +655,10 @@ class EngineMachine(RuleBasedStateMachine):
     def _check_context(self, session: str, context) -> None:
         # No gap, no overlap: the summary covers exactly the live episodes up to
         # summarized_through, and the raw episodes are exactly the rest, in order.
-        expected = [content for _, content in self.live[session]]
+        # A segmented summary's holes (a delete's leaf being summarized again): said, never hidden either.
+        holes = context.resummarizing
+        assert all(first <= last <= context.summarized_through for first, last in holes)
+        expected = [c for seq, c in self.live[session] if not any(first <= seq <= last for first, last in holes)]
         omitted = context.omitted  # left out for the token ceiling: said, never hidden
         left_out = [c for seq, c in self.live[session] if omitted and omitted.first_seq <= seq <= omitted.last_seq]
         assert covered(context.summary) + left_out + [e.content for e in context.episodes] == expected
@@ -859,3 +874,26 @@ def test_a_forgotten_user_leaves_no_text_anywhere(machine: type[EngineMachine]) 
         steps.store_holds_exactly_the_live_episodes()
     finally:
         steps.teardown()  # the sink holds nothing of the forgotten users
+
+
+@pytest.mark.parametrize("machine", [EngineMachine, TrioEngineMachine], ids=["asyncio", "trio"])
+def test_segment_summaries_through_deletes_doubts_and_a_restart(machine: type[EngineMachine]) -> None:
+    """Segment summaries as a fixed sequence: deletes of summarized episodes, a delete in doubt, a restart."""
+    steps = machine()
+    try:
+        steps.start(big_adds=0, evict_to=0.5, max_tokens=None, segments=True)
+        for _ in range(6):
+            steps.add("alice", 3, 10)  # batches of evicted episodes: a leaf each, merged pairwise
+        steps.read_and_wait("alice")
+        steps.delete("alice", [0, 7])  # two leaves erased, and the merges above them
+        steps.read("alice")  # the holes are said (Context.resummarizing), nothing of them shown
+        steps.store_holds_exactly_the_live_episodes()
+        steps.commit_in_doubt("alice", "delete", [3])
+        steps.restart()
+        steps.read_and_wait("alice")
+        steps.clear("alice")
+        steps.add("alice", 3, 10)
+        steps.read_and_wait("alice")
+        steps.store_holds_exactly_the_live_episodes()
+    finally:
+        steps.teardown()

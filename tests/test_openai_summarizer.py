@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
+import anyio
 import pytest
 
 from memengine import Episode, OpenAISummarizer, SessionConfig, open_engine
@@ -42,6 +43,31 @@ async def test_request_carries_previous_summary_and_turns() -> None:
     assert user["role"] == "user"
     assert "Hannah lives in Manchester." in user["content"]
     assert "user: I moved to Lisbon\nassistant: Welcome!" in user["content"]
+
+
+@pytest.mark.anyio
+async def test_fold_asks_for_one_summary_of_consecutive_parts_oldest_first() -> None:
+    client = FakeChatClient(" Hannah moved from Manchester to Lisbon. ")
+    summarizer = OpenAISummarizer("m", client=client, max_words=60)
+    merged = await summarizer.fold(["Hannah lives in Manchester.", "Hannah moved to Lisbon."])
+    assert merged == "Hannah moved from Manchester to Lisbon."
+    system, user = client.requests[0]["messages"]
+    assert "60 words" in system["content"] and "keep the later" in system["content"]
+    assert "Part 1:\nHannah lives in Manchester.\n\nPart 2:\nHannah moved to Lisbon." in user["content"]
+
+
+@pytest.mark.anyio
+async def test_a_segmented_session_merges_with_the_models_fold() -> None:
+    client = FakeChatClient("a summary")
+    config = SessionConfig(evict_to=1.0, max_episodes=2, summarize_batch_max=2, segment_summaries=True)
+    async with open_engine(":memory:", summarizer=OpenAISummarizer("m", client=client), config=config) as engine:
+        session = engine.session("s")
+        for first in range(1, 9, 2):
+            await session.add(turns(2, start=first))
+        await session.context(wait_for_summary=True)
+        with anyio.fail_after(60):  # the merge comes after the summaries a read waits for
+            while not any("consecutive parts" in r["messages"][0]["content"] for r in client.requests):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
 
 
 @pytest.mark.anyio

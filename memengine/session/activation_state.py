@@ -158,8 +158,11 @@ class ActivationState:
     def _answer_waiting_reads(self) -> None:
         if not self._waiting:
             return
-        first_pending = self._window.raw[0].seq if self._window.evicted else math.inf
-        ready = self._waiting.ready(first_pending)  # type: ignore[arg-type]
+        first_pending: float = self._window.raw[0].seq if self._window.evicted else math.inf  # type: ignore[assignment]
+        holes = self._summary.holes
+        if holes:  # a segmented session's leaves being summarized again after a delete
+            first_pending = min(first_pending, holes[0][0])
+        ready = self._waiting.ready(first_pending)
         if ready:
             context = self._context()
             for read in ready:
@@ -200,6 +203,7 @@ class ActivationState:
             evicted_through=self._summary.through if evicted_through is None else evicted_through,
             tokens=summary_tokens + note_tokens + shown_tokens,
             omitted=omitted,
+            resummarizing=self._summary.holes,
         )
 
 

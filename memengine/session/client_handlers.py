@@ -178,10 +178,13 @@ class ClientHandlers(ActivationState):
         if self._given_up is not None:  # (the append in flight, not waited for above, may have failed meanwhile)
             raise NotHandled
         evicted_through = self._window.evicted_through
-        if message.wait_for_summary and evicted_through is not None and self._summary.set_aside is not None:
+        # What a waiting read waits to see summarized: the evicted episodes, and a segmented session's holes.
+        holes = self._summary.holes
+        wait_through = max(evicted_through or 0, holes[-1][1]) if holes else evicted_through
+        if message.wait_for_summary and wait_through is not None and self._summary.set_aside is not None:
             self._fail(message, set_aside_error(self.session_id, self._summary.set_aside))  # nothing to wait for
-        elif message.wait_for_summary and evicted_through is not None:
-            self._wait_for_summary(message, evicted_through)
+        elif message.wait_for_summary and wait_through is not None:
+            self._wait_for_summary(message, wait_through)
         else:
             context = self._context()
             omitted = context.omitted

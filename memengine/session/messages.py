@@ -14,7 +14,7 @@ from ..actor.reply import Reply
 from ..context import Context
 from ..episode import Episode
 from ..errors import LeaseLostError
-from ..store.base import Erased
+from ..store.base import Erased, SegmentState
 
 
 @attrs.frozen(eq=False)
@@ -77,12 +77,18 @@ class RetrySummary:
 
 @attrs.frozen(eq=False)
 class SummaryStored:
-    """The child stored (or, if ``stored`` is false, was refused) a summary."""
+    """The child stored (or, if ``stored`` is false, was refused) a summary.
+
+    For a segmented session, ``summary`` is the composed summary through
+    ``through_seq`` (``None`` if its every leaf is empty) and ``segments`` what
+    it leaves out and whether folds are due (store/segments.py).
+    """
 
     generation: int
     through_seq: int
-    summary: str
+    summary: str | None
     stored: bool
+    segments: SegmentState | None = None
 
 
 @attrs.frozen(eq=False)

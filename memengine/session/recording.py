@@ -251,6 +251,8 @@ def context_json(context: Context) -> dict[str, Any]:
     }
     if context.omitted is not None:  # left out for the token ceiling (timing-dependent, like summarized_through)
         outcome["omitted"] = [context.omitted.first_seq, context.omitted.last_seq]
+    if context.resummarizing:  # a segmented summary's holes after a delete (timing-dependent too)
+        outcome["resummarizing"] = [list(hole) for hole in context.resummarizing]
     return outcome
 
 

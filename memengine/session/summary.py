@@ -32,8 +32,8 @@ from ..config import SessionConfig
 from ..context import handed_out
 from ..episode import Episode, stored_episode
 from ..errors import StoreError
-from ..store.base import SessionSnapshot, SetAside
-from ..summarizer.actor import SummarizeBatch, SummarizerActor
+from ..store.base import SegmentState, SessionSnapshot, SetAside
+from ..summarizer.actor import CUT_MARKER, RepairSegments, SummarizeBatch, SummarizerActor
 from ..tokens import Tokenizer
 from .messages import SummaryFailed, SummaryStored
 from .window import RawWindow
@@ -64,6 +64,8 @@ class SessionSummary:
         #: Failed rounds in a row (and the summarizer calls they made) since the last stored summary.
         self.failed_rounds = 0
         self.failed_attempts = 0
+        #: A segmented session's holes and due folds (store/segments.py); None while it is not segmented.
+        self.segments: SegmentState | None = None
 
     @property
     def tokens(self) -> int:
@@ -107,18 +109,44 @@ class SessionSummary:
         self.retry_at = None
         self.set_aside = snapshot.summary_set_aside
         self.failed_rounds = self.failed_attempts = 0
+        self.segments = snapshot.segments
+
+    @property
+    def holes(self) -> tuple[tuple[int, int], ...]:
+        """Ranges of a segmented session's summary being summarized again after a delete (none shown)."""
+        return () if self.segments is None else self.segments.holes
 
     def dispatch(self, window: RawWindow, token: int) -> None:
-        """Hand the oldest pending episodes to the child, unless a batch is already in flight or waiting."""
-        if not window.evicted or self.busy or self.set_aside is not None:
+        """Hand the child its next work, unless some is already in flight or waiting.
+
+        A segmented session's holes come first (their episodes are neither
+        summarized nor shown meanwhile), then the oldest pending episodes, then
+        its folds; a fold goes ahead of pending episodes when the summary has
+        grown a few parts beyond its folded shape (store/segments.py), so a
+        backlog never makes it a part per batch.
+        """
+        if self.busy or self.set_aside is not None:
+            return
+        segments = self.segments
+        if segments is not None and (
+            segments.holes or (segments.folds_due and (segments.folds_first or not window.evicted))
+        ):
+            self._child.submit(RepairSegments(self.generation, token))
+            self._in_flight = True
+            return
+        if not window.evicted:
             return
         config = self._config
+        segmented = segments is not None or config.segment_summaries
         # The episodes get what the previous summary leaves of the input bound, and at least half
         # of it: a summary that outgrew the bound is cut for the call (below), never the episodes.
         input_chars = config.summarize_input_max_chars
-        max_chars = max(input_chars - len(self.text or ""), input_chars // 2, 1)
         input_tokens = config.summarize_input_max_tokens
-        max_tokens = None if input_tokens is None else max(input_tokens - self.tokens, input_tokens // 2, 1)
+        if segmented:  # a leaf is summarized on its own: the episodes get the whole bound
+            max_chars, max_tokens = input_chars, input_tokens
+        else:
+            max_chars = max(input_chars - len(self.text or ""), input_chars // 2, 1)
+            max_tokens = None if input_tokens is None else max(input_tokens - self.tokens, input_tokens // 2, 1)
 
         def fits(episodes: int, chars: int, tokens: int) -> bool:
             return chars <= max_chars and (max_tokens is None or tokens <= max_tokens)
@@ -138,10 +166,12 @@ class SessionSummary:
             )
             batch_chars = sum([len(episode.content) for episode in batch])
             batch_tokens = 0 if max_tokens is None else sum([self._count_tokens(e.content) for e in batch])
-        previous = self._previous_for(batch, input_chars - batch_chars, input_tokens, batch_tokens)
+        previous = None
+        if not segmented:
+            previous = self._previous_for(batch, input_chars - batch_chars, input_tokens, batch_tokens)
         # The summarizer is the user's code: it gets copies, so nothing it does changes the window.
         more = end < window.evicted  # a backlog: this summary waits only briefly for a write to ride with
-        self._child.submit(SummarizeBatch(self.generation, previous, handed_out(batch), token, more))
+        self._child.submit(SummarizeBatch(self.generation, previous, handed_out(batch), token, more, segmented))
         self._in_flight = True
 
     def _previous_for(
@@ -185,12 +215,17 @@ class SessionSummary:
             # Same generation yet refused: another writer changed the session.
             self.retry_at = now + self._config.summarize_retry_later
             return False
-        window.drop_through(message.through_seq)
         self.failed_rounds = self.failed_attempts = 0
+        if message.segments is not None:
+            covered_more = message.segments.holes != self.holes or message.through_seq > self.through
+            self.segments = message.segments
+        else:
+            covered_more = True
+        window.drop_through(message.through_seq)
         self.text = message.summary
         self._tokens = None
         self.through = message.through_seq
-        return True
+        return covered_more
 
     def failed(self, message: SummaryFailed, now: float) -> bool:
         """The child gave up on a batch for now; True if it was this generation's (then retried later)."""
@@ -229,10 +264,6 @@ def _cut_summary(text: str, keep: int) -> str:
     tail = shown - head
     marker = SUMMARY_CUT_MARKER.format(left_out=len(text) - shown, total=len(text))
     return text[:head] + marker + text[len(text) - tail :]
-
-
-#: Appended to an episode's text when the summarizer is given only its beginning.
-CUT_MARKER = "\n[memengine: cut here for the summarizer; the episode has {total} characters, {shown} shown]"
 
 
 def _cut(episode: Episode, chars: int, tokens: int, max_chars: int, max_tokens: int | None) -> Episode:

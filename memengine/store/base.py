@@ -53,6 +53,45 @@ class SessionSnapshot:
     evicted_through: int = 0
     #: Set when the session's summary batch is set aside (store/set_aside.py): nothing is summarized until a retry.
     summary_set_aside: SetAside | None = None
+    #: A segmented session's holes and due folds (store/segments.py); None if the session is not segmented.
+    segments: SegmentState | None = None
+
+
+@attrs.frozen
+class SegmentState:
+    """What a segmented session's summary leaves out, and whether it has work due (store/segments.py).
+
+    ``holes``: ranges ``(first_seq, last_seq)`` of leaves a delete erased, to be
+    summarized again; the summary covers no live episode in them (and marks
+    where they are), and they are not shown raw either. ``folds_due``: two
+    neighbouring parts of the summary can be folded into one; ``folds_first``:
+    the summary has so many parts that a fold goes ahead of evicted episodes.
+    """
+
+    holes: tuple[tuple[int, int], ...] = ()
+    folds_due: bool = False
+    folds_first: bool = False
+
+
+@attrs.frozen
+class Composed:
+    """A segmented session's summary as reads get it: through the last leaf, and what it leaves out."""
+
+    through_seq: int
+    text: str | None
+    state: SegmentState
+
+
+@attrs.frozen
+class SegmentRepair:
+    """One node to make: a leaf from its live ``episodes``, or a fold of its children's ``parts``."""
+
+    level: int
+    index: int
+    first_seq: int
+    through_seq: int
+    episodes: tuple[Episode, ...] = ()
+    parts: tuple[str, str] | None = None
 
 
 @attrs.frozen
@@ -282,6 +321,40 @@ class Store(Protocol):
         (see :meth:`hurry_riders`); with ``awaited`` (a read waits for it), now;
         with ``backlog`` (more batches wait behind it), after a few milliseconds.
         """
+
+    async def store_segment_leaf(
+        self,
+        session_id: str,
+        token: int,
+        generation: int,
+        through_seq: int,
+        summary: str,
+        *,
+        awaited: bool = False,
+        backlog: bool = False,
+    ) -> Composed | None:
+        """Store a segmented session's new leaf: the summary of its evicted episodes up to ``through_seq``.
+
+        Returns the composed summary it makes (store/segments.py), or ``None``,
+        writing nothing, when ``generation`` is no longer the session's. Rides
+        along with writes as :meth:`store_summary` does.
+        """
+
+    async def segment_repair(self, session_id: str) -> SegmentRepair | Composed | None:
+        """The next node a segmented session's summary needs (a hole, then a fold), or its summary if none (a read)."""
+
+    async def store_segment_node(
+        self,
+        session_id: str,
+        token: int,
+        generation: int,
+        level: int,
+        index: int,
+        summary: str,
+        *,
+        awaited: bool = False,
+    ) -> Composed | None:
+        """Store a node :meth:`segment_repair` asked for; ``None``, writing nothing, if it is no longer wanted."""
 
     def hurry_riders(self) -> None:
         """If a summary waits to ride along with the next write, commit it (and what rides with it) now.

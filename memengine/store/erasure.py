@@ -4,7 +4,7 @@ A session is erased by its owner, under its lease (the engine activates it
 first, so a session another process holds is handed over, store/handover.py),
 in bounded steps, each its own transaction:
 
-- while the session has more than ``limit`` episodes: its summaries go, its
+- while the session has more than ``limit`` episodes: its summaries (and segments) go, its
   generation changes (a summary computed before can never land), and its
   ``limit`` newest episodes go, out of the undelivered retain batches too
   (the recall index loses them in the same transaction: a trigger on
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import attrs
 
-from . import journal, leases, outbox
+from . import journal, leases, outbox, segments
 from .base import Erased
 from .dialect import Db
 
@@ -52,6 +52,7 @@ def erase_step(db: Db, session_id: str, token: int, limit: int) -> Erased:
 
 def _erase_step(db: Db, session_id: str, token: int, limit: int) -> Erased:
     summaries = db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,)).rowcount
+    summaries += segments.drop(db, session_id)
     newest = db.execute(
         "SELECT seq FROM episodes WHERE session_id = ? ORDER BY seq DESC LIMIT ?", (session_id, limit + 1)
     ).fetchall()

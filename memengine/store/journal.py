@@ -14,10 +14,12 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import attrs
+
 from ..episode import Episode, encode_json, stored_episode, with_seq
 from ..errors import SessionBusyError, StoreError
-from . import leases, outbox, set_aside, unfinished
-from .base import AppendResult, SessionRow, SessionSnapshot
+from . import leases, outbox, segments, set_aside, unfinished
+from .base import AppendResult, Composed, SegmentRepair, SessionRow, SessionSnapshot
 from .dialect import Db, placeholders
 
 EPISODE_COLUMNS = "seq, id, role, content, created_at, metadata"
@@ -108,6 +110,25 @@ def _append_rows(db: Db, session_id: str, first_seq: int, episodes: Sequence[Epi
             raise StoreError(f"seq {seq} of session {session_id!r} is already taken")
         results.append((episode_from_row(existing), False))
     return tuple(results)
+
+
+def episodes_between(db: Db, session_id: str, first_seq: int, last_seq: int) -> tuple[Episode, ...]:
+    """The session's live episodes with ``first_seq <= seq <= last_seq``, in order."""
+    return tuple(
+        episode_from_row(row)
+        for row in db.execute(
+            f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+            (session_id, first_seq, last_seq),
+        ).fetchall()
+    )
+
+
+def segment_repair(db: Db, session_id: str) -> SegmentRepair | Composed | None:
+    """:func:`segments.next_repair`, a leaf with its live episodes."""
+    found = segments.next_repair(db, session_id)
+    if isinstance(found, SegmentRepair) and found.parts is None:
+        found = attrs.evolve(found, episodes=episodes_between(db, session_id, found.first_seq, found.through_seq))
+    return found
 
 
 def store_summary(db: Db, session_id: str, token: int, generation: int, through_seq: int, summary: str) -> bool:
@@ -210,6 +231,11 @@ def delete_episodes(db: Db, session_id: str, token: int, seqs: Sequence[int]) ->
         )
     # A summary through k covers every live episode up to k.
     db.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq >= ?", (session_id, min(existing)))
+    if segments.invalidate(db, session_id, existing):
+        # Segmented: the leaves that held them lose their text, and the summary is composed again at once
+        # from the rest, the holes marked (store/segments.py).
+        (generation,) = db.execute("SELECT generation FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        segments.compose(db, session_id, generation)
     # Deleted means deleted: undelivered retain batches lose them too, and the sink
     # forgets those it may hold, after the batches that carried them.
     outbox.revise_after_delete(db, session_id, existing)
@@ -234,6 +260,7 @@ def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
     ).fetchone()
     db.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
     db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
+    segments.drop(db, session_id)
     outbox.drop_session(db, session_id)
     set_aside.drop_summary_mark(db, session_id)
     if handed is not None:
@@ -244,7 +271,7 @@ def clear_session(db: Db, session_id: str, token: int) -> SessionSnapshot:
 def sessions_needing_summary(
     db: Db, owner: str, max_episodes: int, max_chars: int, orphaned_only: bool = False
 ) -> list[str]:
-    """Sessions (not owned by another live process) with episodes evicted but not summarized.
+    """Sessions (not owned by another live process) with episodes evicted but not summarized, or holes.
 
     Evicted: up to the stored boundary, or overflowing the window's episode and
     character bounds (a token bound is the activated session's to apply).
@@ -264,7 +291,13 @@ def sessions_needing_summary(
         "ORDER BY latest.session_id",
         (*params, max_episodes, max_chars),
     ).fetchall()
-    return [row[0] for row in rows]
+    # And segmented sessions with a leaf a delete erased (store/segments.py): left by a process that stopped.
+    holes = db.execute(
+        "SELECT DISTINCT s.session_id FROM sessions AS s JOIN summary_segments AS g "
+        f"ON g.session_id = s.session_id AND g.level = 0 AND g.summary IS NULL WHERE {condition}",
+        params,
+    ).fetchall()
+    return sorted({row[0] for row in rows} | {row[0] for row in holes})
 
 
 def list_sessions(db: Db) -> list[SessionRow]:
@@ -320,6 +353,7 @@ def load(db: Db, session_id: str) -> SessionSnapshot:
         retained_through=retained_through,
         evicted_through=evicted_through,
         summary_set_aside=set_aside.summary_of(db, session_id),
+        segments=segments.state(db, session_id),
     )
 
 

@@ -17,7 +17,7 @@ from ..episode import Episode
 from ..errors import SessionBusyError
 from ..retain.batch import RetainMode
 from ..scope import Scope
-from . import committer, erasure, journal, orphans, outbox, scoped, set_aside
+from . import committer, erasure, journal, orphans, outbox, scoped, segments, set_aside
 from .base import (
     Completion,
     DueRetains,
@@ -73,12 +73,45 @@ class GroupCommitStore(SideWork):
         # It rides along with the next write (an add, most often), within SUMMARY_RIDER_SECONDS: a commit (an
         # fsync at synchronous=FULL) less per summary, and no add waits behind a summary's own commit. Unless
         # a read waits for it: then it commits now; or a backlog waits behind it: then only briefly.
-        if awaited:
-            ride = None
-        else:
-            ride = committer.BACKLOG_RIDER_SECONDS if backlog else committer.SUMMARY_RIDER_SECONDS
         return await self._submit(
-            lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary), ride=ride
+            lambda db: journal.store_summary(db, session_id, token, generation, through_seq, summary),
+            ride=_summary_ride(awaited, backlog),
+        )
+
+    async def store_segment_leaf(
+        self,
+        session_id: str,
+        token: int,
+        generation: int,
+        through_seq: int,
+        summary: str,
+        *,
+        awaited: bool = False,
+        backlog: bool = False,
+    ) -> segments.Composed | None:
+        return await self._submit(
+            lambda db: segments.store_leaf(db, session_id, token, generation, through_seq, summary),
+            ride=_summary_ride(awaited, backlog),
+        )
+
+    async def segment_repair(self, session_id: str) -> segments.SegmentRepair | segments.Composed | None:
+        return await self._read(lambda db: journal.segment_repair(db, session_id))
+
+    async def store_segment_node(
+        self,
+        session_id: str,
+        token: int,
+        generation: int,
+        level: int,
+        index: int,
+        summary: str,
+        *,
+        awaited: bool = False,
+    ) -> segments.Composed | None:
+        # More work is most often due behind a node (the folds above it): it rides only briefly, as a backlog's.
+        return await self._submit(
+            lambda db: segments.store_node(db, session_id, token, generation, level, index, summary),
+            ride=_summary_ride(awaited, backlog=True),
         )
 
     async def delete_episodes(self, session_id: str, token: int, seqs: Sequence[int]) -> tuple[int, SessionSnapshot]:
@@ -259,3 +292,10 @@ class GroupCommitStore(SideWork):
             batches += step.outbox_batches
             if step.complete:
                 return Erased(episodes, summaries, batches, traces_left=step.traces_left)
+
+
+def _summary_ride(awaited: bool, backlog: bool) -> float | None:
+    """How long a summary waits to ride along with another write: not at all if a read waits for it."""
+    if awaited:
+        return None
+    return committer.BACKLOG_RIDER_SECONDS if backlog else committer.SUMMARY_RIDER_SECONDS

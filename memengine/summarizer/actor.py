@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import anyio.lowlevel
@@ -23,12 +23,12 @@ import attrs
 from ..actor.mailbox import Mailbox
 from ..attachments import for_summarizer
 from ..config import SessionConfig
-from ..episode import Episode
+from ..episode import Episode, stored_episode
 from ..errors import LeaseLostError, SummaryError, UncertainCommitError
 from ..privacy.error_text import error_label, log_content
 from ..retrying import with_retries
 from ..session.messages import SummaryFailed, SummaryStored
-from ..store.base import Store
+from ..store.base import Composed, Store
 from ..telemetry import NO_TELEMETRY, Telemetry
 from .protocol import Summarizer
 
@@ -43,6 +43,8 @@ class SummarizeBatch:
     ``more``: evicted episodes wait behind this batch (a backlog), so its
     summary waits only a few milliseconds to ride along with a write (the next
     batch is sent only once this one is stored), not ``SUMMARY_RIDER_SECONDS``.
+    ``segment``: the session is segmented (store/segments.py): the batch is
+    summarized on its own (``previous`` is None) and stored as a new leaf.
     """
 
     generation: int
@@ -50,12 +52,28 @@ class SummarizeBatch:
     episodes: tuple[Episode, ...]
     token: int
     more: bool = False
+    segment: bool = False
 
     @property
     def through_seq(self) -> int:
         seq = self.episodes[-1].seq
         assert seq is not None
         return seq
+
+
+@attrs.frozen
+class RepairSegments:
+    """Make and store the next node a segmented session's summary needs: a hole first, then a fold.
+
+    Valid only while the session is at ``generation``; stored only while ``token`` holds its lease.
+    """
+
+    generation: int
+    token: int
+
+
+#: The role a summary has when a summarizer without ``fold`` is given it as an episode, to merge two summaries.
+FOLD_ROLE = "summary"
 
 
 class SummarizerActor:
@@ -79,11 +97,11 @@ class SummarizerActor:
         #: Whether a read waits for the session's next summary (then it is committed at once, not riding along).
         self._awaited = awaited
         self._telemetry = telemetry
-        self._mailbox: Mailbox[SummarizeBatch] = Mailbox()
+        self._mailbox: Mailbox[SummarizeBatch | RepairSegments] = Mailbox()
         self._newest_generation = 0
         self._current: tuple[int, anyio.CancelScope] | None = None
 
-    def submit(self, batch: SummarizeBatch) -> None:
+    def submit(self, batch: SummarizeBatch | RepairSegments) -> None:
         self._mailbox.put(batch)
 
     def abandon_before(self, generation: int) -> None:
@@ -109,32 +127,24 @@ class SummarizerActor:
             if not scope.cancelled_caught:
                 self._acknowledge(outcome)
 
-    async def _summarize_and_store(self, batch: SummarizeBatch) -> SummaryStored | SummaryFailed:
-        attempts = 1  # the try that raised, if with_retries itself raises (it counts them)
-
-        async def call() -> str:
-            # A slot per call: none is held through a backoff sleep. Taken at once when one is
-            # free: acquire() would first yield to the loop twice, on every summarizer call.
-            await anyio.lowlevel.checkpoint_if_cancelled()  # (what acquire() checks first; it does not yield)
-            try:
-                self._limiter.acquire_nowait()
-            except anyio.WouldBlock:
-                await self._limiter.acquire()
-            try:
-                return await self._summarize(batch)
-            finally:
-                self._limiter.release()
-
-        def before_sleep(attempt: int, error: Exception, seconds: float) -> None:
-            nonlocal attempts
-            attempts = attempt + 1
-            self._log_retry(attempt, error, seconds)
-
+    async def _summarize_and_store(self, batch: SummarizeBatch | RepairSegments) -> SummaryStored | SummaryFailed:
+        attempts = [1]  # the try that raised, if with_retries itself raises (it counts them)
+        through_seq = batch.through_seq if isinstance(batch, SummarizeBatch) else 0
         try:
-            config = self._config
-            summary, attempts = await with_retries(
-                call, config.summarize_attempts, config.summarize_backoff, config.summarize_backoff_max, before_sleep
-            )
+            if isinstance(batch, RepairSegments):
+                return await self._repair(batch, attempts)
+            summary = await self._with_retries(lambda: self._summarize(batch.previous, batch.episodes), attempts)
+            if batch.segment:
+                composed = await self._store.store_segment_leaf(
+                    self._session_id,
+                    batch.token,
+                    batch.generation,
+                    batch.through_seq,
+                    summary,
+                    awaited=self._awaited(),
+                    backlog=batch.more,
+                )
+                return _from_composed(batch.generation, composed)
             stored = await self._store.store_summary(
                 self._session_id,
                 batch.token,
@@ -144,39 +154,125 @@ class SummarizerActor:
                 awaited=self._awaited(),
                 backlog=batch.more,
             )
-        except (LeaseLostError, UncertainCommitError) as exc:
+        except _Failed as failed:
+            through_seq = failed.through_seq
+            exc = failed.error
+        except Exception as exc_:
+            exc = exc_
+        else:
+            return SummaryStored(batch.generation, batch.through_seq, summary, stored)
+        if isinstance(exc, (LeaseLostError, UncertainCommitError)):
             # Not a failure to retry: the session reloads (another process may own it now).
-            log.warning("session %r: summary up to seq %d not stored: %s", self._session_id, batch.through_seq, exc)
-            return SummaryFailed(batch.generation, batch.through_seq, exc, attempts)
-        except Exception as exc:
-            log.error(
-                "session %r: summarizing episodes up to seq %d failed after %d attempt(s): %s; "
-                "they stay pending and are retried in %ss",
-                self._session_id,
-                batch.through_seq,
-                attempts,
-                error_label(exc),  # its text may quote the episodes: privacy/error_text.py
-                self._config.summarize_retry_later,
-            )
-            log_content("session %r: the last summarizer failure", self._session_id, error=exc)
-            return SummaryFailed(batch.generation, batch.through_seq, exc, attempts)
-        return SummaryStored(batch.generation, batch.through_seq, summary, stored)
+            log.warning("session %r: summary up to seq %d not stored: %s", self._session_id, through_seq, exc)
+            return SummaryFailed(batch.generation, through_seq, exc, attempts[0])
+        log.error(
+            "session %r: summarizing episodes up to seq %d failed after %d attempt(s): %s; "
+            "they stay pending and are retried in %ss",
+            self._session_id,
+            through_seq,
+            attempts[0],
+            error_label(exc),  # its text may quote the episodes: privacy/error_text.py
+            self._config.summarize_retry_later,
+        )
+        log_content("session %r: the last summarizer failure", self._session_id, error=exc)
+        return SummaryFailed(batch.generation, through_seq, exc, attempts[0])
 
-    async def _summarize(self, batch: SummarizeBatch) -> str:
+    async def _repair(self, batch: RepairSegments, attempts: list[int]) -> SummaryStored:
+        """Make the node the segmented session needs next (store/segments.py), and store it."""
+        found = await self._store.segment_repair(self._session_id)
+        if found is None:  # not segmented (any more: cleared since, so this generation is stale)
+            return SummaryStored(batch.generation, 0, None, False)
+        if isinstance(found, Composed):  # nothing due: the summary as it is
+            return _from_composed(batch.generation, found)
+        try:
+            if found.parts is None:
+                summary = await self._summarize_leaf(found.episodes, attempts)
+            else:
+                summary = await self._fold(found.parts, attempts)
+            composed = await self._store.store_segment_node(
+                self._session_id,
+                batch.token,
+                batch.generation,
+                found.level,
+                found.index,
+                summary,
+                awaited=self._awaited(),
+            )
+        except Exception as exc:
+            raise _Failed(found.through_seq, exc) from exc
+        return _from_composed(batch.generation, composed)
+
+    async def _summarize_leaf(self, episodes: tuple[Episode, ...], attempts: list[int]) -> str:
+        """A stale leaf's live episodes summarized on their own, in calls within the input bounds ("" if none)."""
+        summary: str | None = None
+        for chunk in _chunks(episodes, self._config.summarize_batch_max, self._config.summarize_input_max_chars):
+            previous = summary
+            summary = await self._with_retries(lambda: self._summarize(previous, chunk), attempts)  # noqa: B023
+        return summary or ""
+
+    async def _fold(self, parts: tuple[str, str], attempts: list[int]) -> str:
+        """Two neighbouring summaries merged into one (an empty one adds nothing: no call)."""
+        first, second = parts
+        if not first or not second:
+            return first or second
+        return await self._with_retries(lambda: self._summarize_pair(first, second), attempts)
+
+    async def _with_retries(self, make: Callable[[], Awaitable[str]], attempts: list[int]) -> str:
+        async def call() -> str:
+            # A slot per call: none is held through a backoff sleep. Taken at once when one is
+            # free: acquire() would first yield to the loop twice, on every summarizer call.
+            await anyio.lowlevel.checkpoint_if_cancelled()  # (what acquire() checks first; it does not yield)
+            try:
+                self._limiter.acquire_nowait()
+            except anyio.WouldBlock:
+                await self._limiter.acquire()
+            try:
+                return await make()
+            finally:
+                self._limiter.release()
+
+        def before_sleep(attempt: int, error: Exception, seconds: float) -> None:
+            attempts[0] = attempt + 1
+            self._log_retry(attempt, error, seconds)
+
+        config = self._config
+        summary, attempts[0] = await with_retries(
+            call, config.summarize_attempts, config.summarize_backoff, config.summarize_backoff_max, before_sleep
+        )
+        return summary
+
+    async def _summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
         """One summarizer call, bounded by ``summarize_timeout``; its answer made storable, or SummaryError."""
         with self._telemetry.operation("memengine.summarize", "summarize", self._session_id) as traced:
-            traced.count(len(batch.episodes))
-            summary = await self._summarize_untraced(batch)
+            traced.count(len(episodes))
+            # An image's base64 means nothing to the summarizer: it reads "[image/png, 150 KB]" instead.
+            summary = await self._bounded(
+                "summarize", lambda: self._summarizer.summarize(previous, for_summarizer(episodes))
+            )
             traced.content("memengine.summary", lambda: summary)
             return summary
 
-    async def _summarize_untraced(self, batch: SummarizeBatch) -> str:
+    async def _summarize_pair(self, first: str, second: str) -> str:
+        """``Summarizer.fold([first, second])`` if it has one; else ``summarize(first, [second as an episode])``."""
+        fold = getattr(self._summarizer, "fold", None)
+        with self._telemetry.operation("memengine.summarize", "fold", self._session_id) as traced:
+            traced.count(2)
+            if callable(fold):
+                summary = await self._bounded("fold", lambda: fold([first, second]))
+            else:
+                summary = await self._bounded(
+                    "summarize", lambda: self._summarizer.summarize(first, [Episode(FOLD_ROLE, second)])
+                )
+            traced.content("memengine.summary", lambda: summary)
+            return summary
+
+    async def _bounded(self, method: str, start: Callable[[], object]) -> str:
+        """``start()``'s answer within ``summarize_timeout``, made storable; SummaryError if it is not a summary."""
         with anyio.fail_after(self._config.summarize_timeout):
-            # An image's base64 means nothing to the summarizer: it reads "[image/png, 150 KB]" instead.
-            pending = self._summarizer.summarize(batch.previous, for_summarizer(batch.episodes))
+            pending = start()
             if not inspect.isawaitable(pending):
                 raise SummaryError(
-                    f"summarize() returned {type(pending).__name__}, not an awaitable: make it `async def summarize`"
+                    f"{method}() returned {type(pending).__name__}, not an awaitable: make it `async def {method}`"
                 )
             summary = await pending
         if not isinstance(summary, str) or not storable(summary).strip():
@@ -208,3 +304,46 @@ def storable(summary: str) -> str:
     except UnicodeEncodeError:
         summary = "".join("\ufffd" if 0xD800 <= ord(char) <= 0xDFFF else char for char in summary)
     return summary
+
+
+class _Failed(Exception):
+    """A repair failed: the error, and the seq of the node it was making (for the report)."""
+
+    def __init__(self, through_seq: int, error: Exception) -> None:
+        super().__init__(through_seq, error)
+        self.through_seq = through_seq
+        self.error = error
+
+
+def _from_composed(generation: int, composed: Composed | None) -> SummaryStored:
+    if composed is None:
+        return SummaryStored(generation, 0, None, False)
+    return SummaryStored(generation, composed.through_seq, composed.text, True, composed.state)
+
+
+#: Appended to an episode's text when the summarizer is given only its beginning.
+CUT_MARKER = "\n[memengine: cut here for the summarizer; the episode has {total} characters, {shown} shown]"
+
+
+def _chunks(episodes: Sequence[Episode], max_episodes: int, max_chars: int) -> list[list[Episode]]:
+    """The episodes in order, in calls of at most ``max_episodes`` and ``max_chars`` (a larger one cut alone)."""
+    chunks: list[list[Episode]] = []
+    chars = 0
+    for episode in episodes:
+        if len(episode.content) > max_chars:
+            keep = max(max_chars - 120, 1)
+            content = episode.content[:keep] + CUT_MARKER.format(total=len(episode.content), shown=keep)
+            episode = stored_episode(
+                episode.role,
+                content,
+                episode.id,
+                episode.created_at,
+                episode.metadata,
+                episode.seq,  # type: ignore[arg-type]
+            )
+        if not chunks or len(chunks[-1]) >= max_episodes or chars + len(episode.content) > max_chars:
+            chunks.append([])
+            chars = 0
+        chunks[-1].append(episode)
+        chars += len(episode.content)
+    return chunks

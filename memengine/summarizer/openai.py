@@ -17,6 +17,13 @@ DEFAULT_INSTRUCTIONS = (
     "write the updated summary: keep every durable fact, preference, decision and open "
     "question; drop small talk; write plain prose, at most {max_words} words."
 )
+#: What the model is told when two summaries are merged (``SessionConfig.segment_summaries``).
+DEFAULT_FOLD_INSTRUCTIONS = (
+    "You maintain the running memory of a conversation between a user and an assistant. "
+    "Given summaries of consecutive parts of the conversation, oldest first, write one summary of them all: "
+    "keep every durable fact, preference, decision and open question, and where a later part changes an "
+    "earlier one, keep the later; write plain prose, at most {max_words} words."
+)
 
 
 class OpenAISummarizer:
@@ -25,9 +32,10 @@ class OpenAISummarizer:
     Pass an ``openai.AsyncOpenAI`` (or compatible) ``client``, or let one be made
     from ``base_url`` and ``api_key`` (the usual ``OPENAI_*`` environment
     variables apply). Retries are the engine's job: the client is built with
-    ``max_retries=0`` unless you pass your own. In ``instructions``,
-    ``{max_words}`` is replaced by ``max_words``; every other brace is kept
-    as written (JSON examples work).
+    ``max_retries=0`` unless you pass your own. In ``instructions`` (and
+    ``fold_instructions``, for merging two summaries of a segmented session:
+    see ``SessionConfig.segment_summaries``), ``{max_words}`` is replaced by
+    ``max_words``; every other brace is kept as written (JSON examples work).
     """
 
     def __init__(
@@ -39,6 +47,7 @@ class OpenAISummarizer:
         api_key: str | None = None,
         max_words: int = 200,
         instructions: str = DEFAULT_INSTRUCTIONS,
+        fold_instructions: str = DEFAULT_FOLD_INSTRUCTIONS,
         temperature: float = 0.0,
     ) -> None:
         if not model:
@@ -55,6 +64,7 @@ class OpenAISummarizer:
         self.client = client
         # Not str.format: instructions often show JSON, whose braces are meant literally.
         self.instructions = instructions.replace("{max_words}", str(max_words))
+        self.fold_instructions = fold_instructions.replace("{max_words}", str(max_words))
         self.temperature = temperature
 
     def __repr__(self) -> str:
@@ -74,10 +84,24 @@ class OpenAISummarizer:
             },
         ]
 
+    def fold_messages(self, summaries: Sequence[str]) -> list[dict[str, str]]:
+        parts = "\n\n".join(f"Part {number}:\n{summary}" for number, summary in enumerate(summaries, 1))
+        return [
+            {"role": "system", "content": self.fold_instructions},
+            {"role": "user", "content": f"Summaries of consecutive parts, oldest first:\n\n{parts}"},
+        ]
+
     async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+        return await self._complete(self.messages(previous, episodes))
+
+    async def fold(self, summaries: Sequence[str]) -> str:
+        """One summary of consecutive summaries, oldest first (for ``SessionConfig.segment_summaries``)."""
+        return await self._complete(self.fold_messages(summaries))
+
+    async def _complete(self, messages: list[dict[str, str]]) -> str:
         response = await self.client.chat.completions.create(
             model=self.model,
-            messages=cast(Any, self.messages(previous, episodes)),  # the client's TypedDicts, as plain dicts
+            messages=cast(Any, messages),  # the client's TypedDicts, as plain dicts
             temperature=self.temperature,
         )
         content = response.choices[0].message.content

@@ -17,6 +17,11 @@ class Summarizer(Protocol):
     Raising is fine: the engine retries with backoff, and after the last attempt
     keeps the episodes pending and tries again later. The call may be cancelled
     (engine shutdown, or the session was cleared meanwhile).
+
+    Optional: ``async def fold(self, summaries: Sequence[str]) -> str``, one
+    summary of consecutive summaries given oldest first, used by sessions with
+    ``SessionConfig.segment_summaries`` to merge two of them. Without it,
+    they are merged with ``summarize(first, [Episode("summary", second)])``.
     """
 
     async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str: ...

@@ -41,6 +41,7 @@ from ..handover import WANTED_COLUMN
 from ..leases import TOKEN_FLOOR_TABLE
 from ..owners import OWNERS_INDEX, OWNERS_TABLE
 from ..schema_window import check_newer, compatible_from
+from ..segments import SEGMENTS_TABLE
 
 #: The advisory lock key every memengine process takes while migrating ("memengine" in ASCII, truncated).
 MIGRATION_LOCK = 0x6D656D656E67696E & 0x7FFFFFFFFFFFFFFF
@@ -189,6 +190,9 @@ MIGRATIONS: list[Migration] = [
         locks="sessions, ROW EXCLUSIVE on every row (one UPDATE of them all) and ACCESS EXCLUSIVE briefly; "
         "retain_outbox, ACCESS EXCLUSIVE, briefly (a nullable column: no rewrite)",
     ),
+    # Segment summaries (store/segments.py). Older code would leave a segmented session's segments behind on
+    # a delete, a clear or an erasure.
+    Migration((SEGMENTS_TABLE,), additive=False, locks="nothing that exists (creates a table)"),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -20,6 +20,7 @@ from ..handover import WANTED_COLUMN
 from ..leases import TOKEN_FLOOR_TABLE
 from ..owners import OWNERS_INDEX, OWNERS_TABLE
 from ..schema_window import check_newer, compatible_from
+from ..segments import SEGMENTS_TABLE
 
 # Full-text recall over the journal (see store/sqlite/recall.py, which also
 # recreates these when it rebuilds a damaged index). Rows are indexed in
@@ -184,6 +185,11 @@ def _add_forgets(db: sqlite_utils.Database) -> None:
     db["retain_outbox"].add_column("forget_seqs", str)  # type: ignore[union-attr]
 
 
+def _add_summary_segments(db: sqlite_utils.Database) -> None:
+    # Segment summaries (store/segments.py): a segmented session's summarized past as a tree of summaries.
+    db.execute(SEGMENTS_TABLE)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _create_journal,
     _add_retain_and_recall,
@@ -195,6 +201,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _add_set_aside,
     _add_lease_token_floor,
     _add_forgets,
+    _add_summary_segments,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 #: For each migration, whether code from before it keeps working against the schema it leaves
@@ -205,7 +212,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 #: Older code ignores the token floor: a session that newer code erased and older code then takes starts its
 #: tokens at 1 again, which matters only to a process paused with an old token across the erasure.
 #: Older code would hand a forget to the sink as an empty retain batch, and keep no track of what was handed on.
-ADDITIVE: list[bool] = [False, False, False, False, False, True, True, True, True, False]
+#: Older code would leave a segmented session's segments behind on a delete, a clear or an erasure.
+ADDITIVE: list[bool] = [False, False, False, False, False, True, True, True, True, False, False]
 
 _SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS memengine_schema"

@@ -1,0 +1,304 @@
+"""Segment summaries (``SessionConfig.segment_summaries``): a delete of an old episode costs a few calls.
+
+The summarized past is a tree of summaries (store/segments.py): a leaf per
+batch, folds above. A delete erases the leaf that held the episode and the
+folds above it, in its own transaction; the read meanwhile gets every other
+summary, the leaf's range marked and listed in ``Context.resummarizing``;
+the child makes the leaf again and the folds above it. Checked on both stores
+and both async libraries, on what reads return and on the rows stored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+import anyio
+import attrs
+import pytest
+
+from memengine import Episode, SessionConfig, open_engine
+from memengine.store.segments import HOLE_MARKER, PART_SEPARATOR
+
+from .fakes import covered, fold
+
+pytestmark = pytest.mark.anyio
+
+# Batches of 4 episodes: a session of 64 summarized episodes has 16 leaves, 4 levels of folds above them.
+CONFIG = SessionConfig(
+    max_episodes=4, evict_to=1.0, summarize_batch_max=4, segment_summaries=True, passivate_after=None
+)
+
+
+class CountingSummarizer:
+    """Answers with :func:`fold` (the summary lists what it covers); counts leaf calls and folds apart."""
+
+    def __init__(self) -> None:
+        self.leaves: list[tuple[int, ...]] = []
+        self.folds = 0
+
+    async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+        self.leaves.append(tuple(episode.seq for episode in episodes))  # type: ignore[misc]
+        return fold(previous, episodes)
+
+    async def fold(self, summaries: Sequence[str]) -> str:
+        self.folds += 1
+        return "|".join(summaries)
+
+    @property
+    def calls(self) -> int:
+        return len(self.leaves) + self.folds
+
+
+def texts(count: int, start: int = 1) -> list[Episode]:
+    return [Episode("user", f"turn {n}") for n in range(start, start + count)]
+
+
+async def fill(session, count: int, start: int = 1) -> None:
+    """Add ``count`` episodes four at a time (each add evicts a batch of four), and wait for their summary."""
+    episodes = texts(count, start)
+    for first in range(0, count, 4):
+        await session.add(episodes[first : first + 4])
+    await session.context(wait_for_summary=True)
+
+
+async def test_a_segmented_summary_covers_the_past_in_a_few_parts(store_url, rows) -> None:
+    summarizer = CountingSummarizer()
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        await fill(session, 68)
+        await wait_until_folded(session)
+        context = await session.context()
+    # 64 summarized in 16 leaves, each on its own; 15 folds make one root over them.
+    assert context.summarized_through == 64
+    assert covered(context.summary) == [f"turn {n}" for n in range(1, 65)]
+    assert [e.content for e in context.episodes] == [f"turn {n}" for n in range(65, 69)]
+    assert all(len(seqs) == 4 for seqs in summarizer.leaves) and len(summarizer.leaves) == 16
+    assert summarizer.folds == 15
+    assert context.resummarizing == ()
+    assert rows.query("SELECT count(*) FROM summary_segments WHERE level = 0") == [(16,)]
+    assert rows.query("SELECT count(*) FROM summaries") == [(1,)]  # only the newest: no fallback history
+
+
+async def test_a_delete_of_the_first_episode_costs_a_leaf_and_the_folds_above_it(store_url, rows) -> None:
+    summarizer = CountingSummarizer()
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        await fill(session, 68)
+        await wait_until_folded(session)
+        before = summarizer.calls
+        assert await session.delete_episodes([1]) == 1
+        context = await session.context(wait_for_summary=True)
+        await wait_until_folded(session)
+        after = await session.context()
+        calls = summarizer.calls - before
+    # One leaf again (seqs 2..4) and the four folds above it: log2(16) + 1 calls, not 16 + 15.
+    assert summarizer.leaves[-1] == (2, 3, 4)
+    assert calls == 1 + 4
+    expected = [f"turn {n}" for n in range(2, 65)]
+    assert covered(context.summary) == expected and covered(after.summary) == expected
+    assert after.resummarizing == () and after.summary.count(PART_SEPARATOR) == 0  # one root again
+    assert not _holds_anywhere(rows, "turn 1|") and not _holds_anywhere(rows, "turn 1")
+
+
+async def test_while_a_leaf_is_made_again_the_read_gets_every_other_summary(store_url, rows) -> None:
+    summarizer = GatedFolds()
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        summarizer.open = True
+        await fill(session, 68)
+        await wait_until_folded(session)
+        summarizer.open = False
+        assert await session.delete_episodes([30]) == 1
+        # In the delete's own transaction: the leaf of 29..32 lost its text, and every fold above it.
+        context = await session.context()
+        assert context.resummarizing == ((29, 32),)
+        assert HOLE_MARKER.format(first=29, last=32) in context.summary
+        assert covered(context.summary) == [f"turn {n}" for n in (*range(1, 29), *range(33, 65))]
+        assert [e.seq for e in context.episodes] == [65, 66, 67, 68]  # no episode of the past shown raw
+        assert "turn 30" not in " ".join(row[0] for row in rows.query("SELECT summary FROM summaries"))
+        assert not _holds_anywhere(rows, "turn 30")
+        summarizer.open = True
+        summarizer.release()
+        context = await session.context(wait_for_summary=True)
+        assert context.resummarizing == ()
+        assert covered(context.summary) == [f"turn {n}" for n in range(1, 65) if n != 30]
+
+
+async def test_a_backlog_never_makes_the_summary_a_part_per_batch(store_url) -> None:
+    class Sequenced(CountingSummarizer):
+        """Records the parts the composed summary has after each call: leaves add one, folds take one away."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.parts: list[int] = []
+
+        async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+            self.parts.append(len(self.leaves) + 1 - self.folds)
+            return await super().summarize(previous, episodes)
+
+        async def fold(self, summaries: Sequence[str]) -> str:
+            self.parts.append(len(self.leaves) - self.folds - 1)
+            return await super().fold(summaries)
+
+    summarizer = Sequenced()
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        await session.add(texts(132))  # 128 evicted at once: a backlog of 32 batches
+        await wait_until_folded(session)
+        context = await session.context()
+    assert covered(context.summary) == [f"turn {n}" for n in range(1, 129)]
+    assert len(summarizer.leaves) == 32 and summarizer.folds == 31
+    # Folds went between the leaves: never more than two parts beyond the folded shape (log2 of 32 leaves + 1).
+    assert max(summarizer.parts) <= (32).bit_length() + 2
+
+
+async def test_a_leaf_whose_episodes_are_all_deleted_costs_no_call(store_url) -> None:
+    summarizer = CountingSummarizer()
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        await fill(session, 20)
+        await wait_until_folded(session)
+        leaves = len(summarizer.leaves)
+        assert await session.delete_episodes([5, 6, 7, 8]) == 4
+        context = await session.context(wait_for_summary=True)
+        await wait_until_folded(session)
+        assert len(summarizer.leaves) == leaves  # the empty leaf was made without the summarizer
+        context = await session.context()
+    assert covered(context.summary) == [f"turn {n}" for n in range(1, 17) if not 5 <= n <= 8]
+
+
+async def test_holes_left_by_a_stopped_engine_are_made_after_a_restart(store_url) -> None:
+    summarizer = GatedFolds()
+    summarizer.open = True
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        await fill(session, 36)
+        await wait_until_folded(session)
+        summarizer.open = False
+        await session.delete_episodes([3, 17])
+        await summarizer.wait_started()  # the leaf of 1..4 is being made when the engine stops
+    summarizer = GatedFolds()
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        await summarizer.wait_started()  # resumed at start, as pending summaries are: nobody asked for it
+        session = engine.session("s")
+        held = await session.context()
+        assert held.resummarizing == ((1, 4), (17, 20))
+        summarizer.open = True
+        summarizer.release()
+        context = await session.context(wait_for_summary=True)
+        assert context.resummarizing == ()
+        assert covered(context.summary) == [f"turn {n}" for n in range(1, 33) if n not in (3, 17)]
+
+
+async def test_a_session_with_a_rolling_summary_keeps_it_as_its_first_leaf(store_url) -> None:
+    rolling = attrs.evolve(CONFIG, segment_summaries=False)
+    async with open_engine(store_url, summarizer=CountingSummarizer(), config=rolling) as engine:
+        await fill(engine.session("s"), 12)
+    summarizer = CountingSummarizer()
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        await fill(session, 8, start=13)
+        context = await session.context(wait_for_summary=True)
+        assert covered(context.summary) == [f"turn {n}" for n in range(1, 17)]
+        await session.delete_episodes([2])  # in the rolling summary's range: 1..8 summarized again
+        context = await session.context(wait_for_summary=True)
+        assert covered(context.summary) == [f"turn {n}" for n in range(1, 17) if n != 2]
+    # Turned off again, the session stays segmented: a delete still costs only its leaf.
+    summarizer = CountingSummarizer()
+    async with open_engine(store_url, summarizer=summarizer, config=rolling) as engine:
+        session = engine.session("s")
+        await session.delete_episodes([14])
+        context = await session.context(wait_for_summary=True)
+        assert covered(context.summary) == [f"turn {n}" for n in range(1, 17) if n not in (2, 14)]
+        assert summarizer.leaves[0] == (13, 15, 16)
+
+
+async def test_a_summarizer_without_fold_merges_through_summarize(store_url) -> None:
+    class PlainSummarizer:
+        def __init__(self) -> None:
+            self.merges: list[tuple[str, ...]] = []
+
+        async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+            if episodes[0].role == "summary":
+                self.merges.append(tuple(e.role for e in episodes))
+            return fold(previous, episodes)
+
+    summarizer = PlainSummarizer()
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        await fill(session, 12)
+        await wait_until_folded(session)
+        context = await session.context()
+    assert summarizer.merges == [("summary",)]  # leaves 0 and 1 merged; leaf 2 waits for its sibling
+    assert covered(context.summary) == [f"turn {n}" for n in range(1, 9)]
+
+
+async def test_clear_leaves_no_segment(store_url, rows) -> None:
+    async with open_engine(store_url, summarizer=CountingSummarizer(), config=CONFIG) as engine:
+        session = engine.session("s")
+        await fill(session, 12)
+        await session.clear()
+        assert (await session.context()).summary is None
+    assert rows.query("SELECT count(*) FROM summary_segments") == [(0,)]
+    assert rows.query("SELECT count(*) FROM summaries") == [(0,)]
+
+
+async def test_forget_erases_every_segment(store_url, rows) -> None:
+    async with open_engine(store_url, summarizer=CountingSummarizer(), config=CONFIG) as engine:
+        await fill(engine.session("u/s"), 12)
+        report = await engine.forget(session_id="u/s")
+        assert report.summaries >= 3
+    assert rows.query("SELECT count(*) FROM summary_segments") == [(0,)]
+
+
+class GatedFolds(CountingSummarizer):
+    """Answers at once while ``open``; else every call waits for :meth:`release`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = False
+        self._gate = anyio.Event()
+        self._started = anyio.Event()
+
+    async def _maybe_wait(self) -> None:
+        if self.open:
+            return
+        self._started.set()
+        await self._gate.wait()
+
+    async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+        await self._maybe_wait()
+        return await super().summarize(previous, episodes)
+
+    async def fold(self, summaries: Sequence[str]) -> str:
+        await self._maybe_wait()
+        return await super().fold(summaries)
+
+    def release(self) -> None:
+        self._gate.set()
+
+    async def wait_started(self) -> None:
+        with anyio.fail_after(60):
+            await self._started.wait()
+
+
+async def wait_until_folded(session, patience: float = 60) -> None:
+    """Until the summary is one part per set bit of the leaf count (every fold due is made), or fail."""
+    with anyio.fail_after(patience):
+        while True:
+            context = await session.context(wait_for_summary=True)
+            parts = (context.summary or "").split(PART_SEPARATOR)
+            leaves = math.ceil(context.summarized_through / CONFIG.summarize_batch_max)
+            if not context.resummarizing and len(parts) <= max(bin(leaves).count("1"), 1):
+                return
+            await anyio.sleep(0.01)
+
+
+def _holds_anywhere(rows, text: str) -> bool:
+    """Whether any summary or segment row holds ``text`` as a whole episode text (``turn 1`` not ``turn 10``)."""
+    pattern = re.compile(re.escape(text) + r"(?![0-9])")
+    stored = [row[0] for row in rows.query("SELECT summary FROM summaries")]
+    stored += [row[0] for row in rows.query("SELECT summary FROM summary_segments WHERE summary IS NOT NULL")]
+    return any(pattern.search(value) for value in stored)
