@@ -18,7 +18,7 @@ import anyio
 import attrs
 import pytest
 
-from memengine import Episode, SessionConfig, open_engine
+from memengine import Episode, SessionConfig, SummaryError, open_engine
 from memengine.store.segments import HOLE_MARKER, PART_SEPARATOR
 
 from .fakes import covered, fold
@@ -233,6 +233,34 @@ async def test_a_summarizer_without_fold_merges_through_summarize(store_url) -> 
         context = await session.context()
     assert summarizer.merges == [("summary",)]  # leaves 0 and 1 merged; leaf 2 waits for its sibling
     assert covered(context.summary) == [f"turn {n}" for n in range(1, 9)]
+
+
+async def test_a_repair_set_aside_names_the_episodes_it_holds(store_url) -> None:
+    class Failing(CountingSummarizer):
+        failing = False
+
+        async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+            if self.failing:
+                raise RuntimeError("model unavailable")
+            return await super().summarize(previous, episodes)
+
+    config = attrs.evolve(CONFIG, summarize_attempts=1, summarize_set_aside_after=1)
+    summarizer = Failing()
+    async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
+        session = engine.session("s")
+        await fill(session, 20)
+        await wait_until_folded(session)
+        summarizer.failing = True
+        await session.delete_episodes([6])
+        with pytest.raises(SummaryError, match=r"episodes 5\.\.8 is set aside"):
+            await session.context(wait_for_summary=True)
+        (record,) = await engine.list_set_aside()
+        assert (record.kind, record.first_seq, record.last_seq) == ("summary", 5, 8)
+        summarizer.failing = False
+        assert await engine.retry_set_aside("s") == 1
+        context = await session.context(wait_for_summary=True)
+    assert context.resummarizing == ()
+    assert covered(context.summary) == [f"turn {n}" for n in range(1, 17) if n != 6]
 
 
 async def test_clear_leaves_no_segment(store_url, rows) -> None:

@@ -99,6 +99,8 @@ class SummaryFailed:
     through_seq: int
     error: BaseException
     attempts: int = 1
+    #: A segmented session's repair (store/segments.py): the first seq of the node it was making.
+    first_seq: int | None = None
 
 
 @attrs.frozen(eq=False)

@@ -93,6 +93,8 @@ class SummaryResults:
     async def _set_aside(self, message: SummaryFailed) -> bool:
         """Record the batch as set aside in the store, then here; True once it is (log at ERROR, once)."""
         summary = self._summary
+        # A batch of evicted episodes starts after the summary; a segmented session's repair, at its node.
+        first = summary.through + 1 if message.first_seq is None else message.first_seq
         try:
             recorded = await self._store.set_summary_aside(
                 self._session_id,
@@ -101,6 +103,7 @@ class SummaryResults:
                 message.through_seq,
                 summary.failed_attempts,
                 error_text(message.error),
+                first_seq=message.first_seq,
             )
         except Exception as exc:
             if means_reload(exc):
@@ -110,7 +113,6 @@ class SummaryResults:
             return False  # tried again next round, as before
         if not recorded:
             return False
-        first = summary.through + 1
         summary.put_aside(
             SetAside(
                 "summary",

@@ -472,9 +472,20 @@ class Store(Protocol):
         """How many batches wait, and since when."""
 
     async def set_summary_aside(
-        self, session_id: str, token: int, generation: int, through_seq: int, attempts: int, error: str
+        self,
+        session_id: str,
+        token: int,
+        generation: int,
+        through_seq: int,
+        attempts: int,
+        error: str,
+        *,
+        first_seq: int | None = None,
     ) -> bool:
         """Record that the session's summary batch up to ``through_seq`` is set aside (see store/set_aside.py).
+
+        ``first_seq``: where the batch starts, if not right after the session's summary (a segmented
+        session's repair of a node, store/segments.py).
 
         Returns ``False``, writing nothing, when ``generation`` is no longer the session's.
         """

@@ -226,10 +226,20 @@ class GroupCommitStore(SideWork):
     # -- work set aside ---------------------------------------------------------
 
     async def set_summary_aside(
-        self, session_id: str, token: int, generation: int, through_seq: int, attempts: int, error: str
+        self,
+        session_id: str,
+        token: int,
+        generation: int,
+        through_seq: int,
+        attempts: int,
+        error: str,
+        *,
+        first_seq: int | None = None,
     ) -> bool:
         return await self._submit(
-            lambda db: set_aside.set_summary_aside(db, session_id, token, generation, through_seq, attempts, error)
+            lambda db: set_aside.set_summary_aside(
+                db, session_id, token, generation, through_seq, attempts, error, first_seq
+            )
         )
 
     async def lift_summary_set_aside(self, session_id: str, token: int | None) -> bool:

@@ -30,19 +30,30 @@ SUMMARY_SET_ASIDE = (
 
 
 def set_summary_aside(
-    db: Db, session_id: str, token: int, generation: int, through_seq: int, attempts: int, error: str
+    db: Db,
+    session_id: str,
+    token: int,
+    generation: int,
+    through_seq: int,
+    attempts: int,
+    error: str,
+    first_seq: int | None = None,
 ) -> bool:
-    """Record that the session's summary batch up to ``through_seq`` is set aside; False if ``generation`` is stale."""
+    """Record that the session's summary batch up to ``through_seq`` is set aside; False if ``generation`` is stale.
+
+    ``first_seq`` is kept only for a batch that does not start right after the session's summary (a
+    segmented session's repair); the listing otherwise reads it from the summary.
+    """
     leases.require(db, session_id, token)
     row = db.execute("SELECT generation FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
     if (row[0] if row is not None else 0) != generation:
         return False
     db.execute(
-        "INSERT INTO summaries_set_aside (session_id, generation, through_seq, attempts, error, set_aside_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET generation = excluded.generation, "
-        "through_seq = excluded.through_seq, attempts = excluded.attempts, error = excluded.error, "
-        "set_aside_at = excluded.set_aside_at",
-        (session_id, generation, through_seq, attempts, error[:2000], time.time()),
+        "INSERT INTO summaries_set_aside (session_id, generation, first_seq, through_seq, attempts, error, "
+        "set_aside_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+        "generation = excluded.generation, first_seq = excluded.first_seq, through_seq = excluded.through_seq, "
+        "attempts = excluded.attempts, error = excluded.error, set_aside_at = excluded.set_aside_at",
+        (session_id, generation, first_seq, through_seq, attempts, error[:2000], time.time()),
     )
     return True
 
@@ -126,8 +137,8 @@ def _retain_filter(session_id: str | None) -> tuple[str, tuple[str, ...]]:
 def _summaries(db: Db, session_id: str | None, limit: int) -> list[SetAside]:
     one = "" if session_id is None else " AND s.session_id = ?"
     rows = db.execute(
-        "SELECT s.session_id, coalesce((SELECT max(m.through_seq) FROM summaries AS m "
-        "  WHERE m.session_id = s.session_id), 0) + 1, s.through_seq, s.attempts, s.error, s.set_aside_at "
+        "SELECT s.session_id, coalesce(s.first_seq, coalesce((SELECT max(m.through_seq) FROM summaries AS m "
+        "  WHERE m.session_id = s.session_id), 0) + 1), s.through_seq, s.attempts, s.error, s.set_aside_at "
         "FROM summaries_set_aside AS s WHERE " + SUMMARY_SET_ASIDE.format(session="s") + one + " "
         "ORDER BY s.session_id LIMIT ?",
         (*(() if session_id is None else (session_id,)), limit),

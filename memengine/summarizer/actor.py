@@ -130,6 +130,7 @@ class SummarizerActor:
     async def _summarize_and_store(self, batch: SummarizeBatch | RepairSegments) -> SummaryStored | SummaryFailed:
         attempts = [1]  # the try that raised, if with_retries itself raises (it counts them)
         through_seq = batch.through_seq if isinstance(batch, SummarizeBatch) else 0
+        first_seq: int | None = None
         try:
             if isinstance(batch, RepairSegments):
                 return await self._repair(batch, attempts)
@@ -155,7 +156,7 @@ class SummarizerActor:
                 backlog=batch.more,
             )
         except _Failed as failed:
-            through_seq = failed.through_seq
+            first_seq, through_seq = failed.first_seq, failed.through_seq
             exc = failed.error
         except Exception as exc_:
             exc = exc_
@@ -164,7 +165,7 @@ class SummarizerActor:
         if isinstance(exc, (LeaseLostError, UncertainCommitError)):
             # Not a failure to retry: the session reloads (another process may own it now).
             log.warning("session %r: summary up to seq %d not stored: %s", self._session_id, through_seq, exc)
-            return SummaryFailed(batch.generation, through_seq, exc, attempts[0])
+            return SummaryFailed(batch.generation, through_seq, exc, attempts[0], first_seq)
         log.error(
             "session %r: summarizing episodes up to seq %d failed after %d attempt(s): %s; "
             "they stay pending and are retried in %ss",
@@ -175,7 +176,7 @@ class SummarizerActor:
             self._config.summarize_retry_later,
         )
         log_content("session %r: the last summarizer failure", self._session_id, error=exc)
-        return SummaryFailed(batch.generation, through_seq, exc, attempts[0])
+        return SummaryFailed(batch.generation, through_seq, exc, attempts[0], first_seq)
 
     async def _repair(self, batch: RepairSegments, attempts: list[int]) -> SummaryStored:
         """Make the node the segmented session needs next (store/segments.py), and store it."""
@@ -199,7 +200,7 @@ class SummarizerActor:
                 awaited=self._awaited(),
             )
         except Exception as exc:
-            raise _Failed(found.through_seq, exc) from exc
+            raise _Failed(found.first_seq, found.through_seq, exc) from exc
         return _from_composed(batch.generation, composed)
 
     async def _summarize_leaf(self, episodes: tuple[Episode, ...], attempts: list[int]) -> str:
@@ -307,10 +308,11 @@ def storable(summary: str) -> str:
 
 
 class _Failed(Exception):
-    """A repair failed: the error, and the seq of the node it was making (for the report)."""
+    """A repair failed: the error, and the seqs of the node it was making (for the report)."""
 
-    def __init__(self, through_seq: int, error: Exception) -> None:
-        super().__init__(through_seq, error)
+    def __init__(self, first_seq: int, through_seq: int, error: Exception) -> None:
+        super().__init__(first_seq, through_seq, error)
+        self.first_seq = first_seq
         self.through_seq = through_seq
         self.error = error
 

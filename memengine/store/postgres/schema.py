@@ -190,9 +190,14 @@ MIGRATIONS: list[Migration] = [
         locks="sessions, ROW EXCLUSIVE on every row (one UPDATE of them all) and ACCESS EXCLUSIVE briefly; "
         "retain_outbox, ACCESS EXCLUSIVE, briefly (a nullable column: no rewrite)",
     ),
-    # Segment summaries (store/segments.py). Older code would leave a segmented session's segments behind on
+    # Segment summaries (store/segments.py), and where a set-aside summary batch starts when it is a repair of
+    # one of them (NULL: after the summary). Older code would leave a segmented session's segments behind on
     # a delete, a clear or an erasure.
-    Migration((SEGMENTS_TABLE,), additive=False, locks="nothing that exists (creates a table)"),
+    Migration(
+        (SEGMENTS_TABLE, "ALTER TABLE summaries_set_aside ADD COLUMN first_seq bigint"),
+        additive=False,
+        locks="summaries_set_aside, ACCESS EXCLUSIVE, briefly (a nullable column: no rewrite)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

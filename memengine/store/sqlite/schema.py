@@ -186,8 +186,10 @@ def _add_forgets(db: sqlite_utils.Database) -> None:
 
 
 def _add_summary_segments(db: sqlite_utils.Database) -> None:
-    # Segment summaries (store/segments.py): a segmented session's summarized past as a tree of summaries.
+    # Segment summaries (store/segments.py): a segmented session's summarized past as a tree of summaries;
+    # where a set-aside summary batch starts when it is a repair of one of them (NULL: after the summary).
     db.execute(SEGMENTS_TABLE)
+    db["summaries_set_aside"].add_column("first_seq", int)  # type: ignore[union-attr]
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
