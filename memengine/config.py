@@ -169,13 +169,15 @@ class SessionConfig:
     The summary a read gets is the few largest summaries that cover the past,
     oldest first. A delete of an old episode then costs about ``log2`` of the
     number of batches in summarizer calls (the batch that held it, and the
-    merges above it), and meanwhile the read gets every other summary, the
-    deleted episode's batch left out and marked (``Context.resummarizing``),
-    instead of every episode since the delete raw. The price is a merge call per
-    batch (on short inputs: two summaries), and summaries written without the
-    ones before them. Use it where deletes of old episodes happen (users who
-    may remove a message, erasure requests) in long sessions. A session, once
-    segmented, stays so.
+    merges above it), and meanwhile the read gets every other summary and, in
+    the deleted episode's batch's place, its live episodes as they were said
+    (``Context.resummarizing`` lists the range), instead of every episode since
+    the delete raw. The price is a merge call per batch (on short inputs: two
+    summaries), and summaries written without the ones before them. Use it
+    where deletes of old episodes happen (users who may remove a message,
+    erasure requests) in long sessions. It applies to sessions summarized from
+    their start with it on (a session with a rolling summary keeps it); a
+    segmented session stays so until it is cleared.
 
     ``mailbox_capacity`` bounds the calls waiting for one session: when that
     many are queued unhandled, a further call waits for room before it is sent

@@ -61,13 +61,13 @@ class Context:
     shown clipped, with a marker naming its seq, and counted so (see
     :mod:`memengine.clipping`); the store keeps it whole. With
     ``SessionConfig.segment_summaries``, a delete of an old episode leaves
-    the range of episodes summarized with it out of the summary until they
-    are summarized again: ``resummarizing`` lists those ranges
-    ``(first_seq, last_seq)`` (the summary marks each where it was); their
-    live episodes are neither in the summary nor shown meanwhile, so the
-    summary, ``resummarizing``, ``omitted`` and ``episodes`` cover the session
-    with no gap and no overlap. ``context(wait_for_summary=True)`` waits for
-    them too.
+    the range of episodes summarized with it to be summarized again:
+    ``resummarizing`` lists those ranges ``(first_seq, last_seq)``, and until
+    then the summary shows their live episodes in their place, as they were
+    said (one ``role: content`` line each between two marker lines; past
+    16,000 characters a range it says which it leaves out), so the summary,
+    ``omitted`` and ``episodes`` still cover the session with no gap and no
+    overlap. ``context(wait_for_summary=True)`` waits for them too.
     """
 
     session_id: str

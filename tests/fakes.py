@@ -20,11 +20,20 @@ def fold(previous: str | None, episodes: Sequence[Episode]) -> str:
 
 
 def covered(summary: str | None) -> list[str]:
-    """The contents a :func:`fold` summary covers, in order; a segmented one's parts too (hole markers cover none)."""
+    """The contents a :func:`fold` summary covers, in order; a segmented one's parts too.
+
+    A segmented summary shows a hole's episodes in its place, one ``role: content`` line each, between
+    the marker lines (store/segments.py): they are read as the contents they show.
+    """
     if not summary:
         return []
-    parts = [part for part in summary.split(PART_SEPARATOR) if not part.startswith("[memengine:")]
-    return [text for part in parts for text in part.split("|")]
+    contents: list[str] = []
+    for part in summary.split(PART_SEPARATOR):
+        if not part.startswith("[memengine:"):
+            contents.extend(part.split("|"))
+            continue
+        contents.extend(line.split(": ", 1)[1] for line in part.split("\n") if not line.startswith("[memengine:"))
+    return contents
 
 
 class RecordingSummarizer:

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from memengine import Episode, SessionConfig, open_engine
-from memengine.session.summary import CUT_MARKER
+from memengine.summarizer.actor import CUT_MARKER
 from memengine.tool_calls import tool_links
 
 from .fakes import FailingSummarizer, RecordingSummarizer, covered, fold

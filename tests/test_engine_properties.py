@@ -655,10 +655,9 @@ class EngineMachine(RuleBasedStateMachine):
     def _check_context(self, session: str, context) -> None:
         # No gap, no overlap: the summary covers exactly the live episodes up to
         # summarized_through, and the raw episodes are exactly the rest, in order.
-        # A segmented summary's holes (a delete's leaf being summarized again): said, never hidden either.
-        holes = context.resummarizing
-        assert all(first <= last <= context.summarized_through for first, last in holes)
-        expected = [c for seq, c in self.live[session] if not any(first <= seq <= last for first, last in holes)]
+        # A segmented summary's holes (a delete's leaf being summarized again): shown in place, as they were said.
+        assert all(first <= last <= context.summarized_through for first, last in context.resummarizing)
+        expected = [content for _, content in self.live[session]]
         omitted = context.omitted  # left out for the token ceiling: said, never hidden
         left_out = [c for seq, c in self.live[session] if omitted and omitted.first_seq <= seq <= omitted.last_seq]
         assert covered(context.summary) + left_out + [e.content for e in context.episodes] == expected

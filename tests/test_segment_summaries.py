@@ -3,8 +3,9 @@
 The summarized past is a tree of summaries (store/segments.py): a leaf per
 batch, folds above. A delete erases the leaf that held the episode and the
 folds above it, in its own transaction; the read meanwhile gets every other
-summary, the leaf's range marked and listed in ``Context.resummarizing``;
-the child makes the leaf again and the folds above it. Checked on both stores
+summary and, in the leaf's place, its live episodes as they were said (its
+range listed in ``Context.resummarizing``); the child makes the leaf again
+and the folds above it. Checked on both stores
 and both async libraries, on what reads return and on the rows stored.
 """
 
@@ -19,7 +20,8 @@ import attrs
 import pytest
 
 from memengine import Episode, SessionConfig, SummaryError, open_engine
-from memengine.store.segments import HOLE_MARKER, PART_SEPARATOR
+from memengine.store.open import open_store
+from memengine.store.segments import HOLE_LEFT_OUT, HOLE_OPENS, HOLE_SHOWN_CHARS, PART_SEPARATOR
 
 from .fakes import covered, fold
 
@@ -111,12 +113,13 @@ async def test_while_a_leaf_is_made_again_the_read_gets_every_other_summary(stor
         await wait_until_folded(session)
         summarizer.open = False
         assert await session.delete_episodes([30]) == 1
-        # In the delete's own transaction: the leaf of 29..32 lost its text, and every fold above it.
+        # In the delete's own transaction: the leaf of 29..32 lost its text, and every fold above it;
+        # its live episodes are shown in its place, as they were said, until it is made again.
         context = await session.context()
         assert context.resummarizing == ((29, 32),)
-        assert HOLE_MARKER.format(first=29, last=32) in context.summary
-        assert covered(context.summary) == [f"turn {n}" for n in (*range(1, 29), *range(33, 65))]
-        assert [e.seq for e in context.episodes] == [65, 66, 67, 68]  # no episode of the past shown raw
+        assert HOLE_OPENS.format(first=29, last=32) + "\nuser: turn 29\nuser: turn 31\n" in context.summary
+        assert covered(context.summary) == [f"turn {n}" for n in range(1, 65) if n != 30]
+        assert [e.seq for e in context.episodes] == [65, 66, 67, 68]  # the window: nothing of the past raw
         assert "turn 30" not in " ".join(row[0] for row in rows.query("SELECT summary FROM summaries"))
         assert not _holds_anywhere(rows, "turn 30")
         summarizer.open = True
@@ -152,6 +155,80 @@ async def test_a_backlog_never_makes_the_summary_a_part_per_batch(store_url) -> 
     assert len(summarizer.leaves) == 32 and summarizer.folds == 31
     # Folds went between the leaves: never more than two parts beyond the folded shape (log2 of 32 leaves + 1).
     assert max(summarizer.parts) <= (32).bit_length() + 2
+
+
+async def test_a_large_hole_is_shown_up_to_a_bound_and_the_rest_said(store_url) -> None:
+    summarizer = GatedFolds()
+    summarizer.open = True
+    big = SessionConfig(max_episodes=4, max_chars=10**6, evict_to=1.0, summarize_batch_max=4, segment_summaries=True)
+    async with open_engine(store_url, summarizer=summarizer, config=big) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", f"{n}:" + "x" * 6_000) for n in range(1, 9)])
+        await wait_until_folded(session)
+        summarizer.open = False
+        await session.delete_episodes([1])
+        context = await session.context()
+        assert context.resummarizing == ((1, 4),)
+        hole = context.summary.split(PART_SEPARATOR)[0]
+        shown = [line for line in hole.split("\n") if line.startswith("user: ")]
+        assert [line[6:8] for line in shown] == ["2:", "3:"]  # 12,000 characters, within 16,000
+        assert HOLE_LEFT_OUT.format(first=4, last=4, count=1, chars=6_008) in hole
+        assert len(hole) < HOLE_SHOWN_CHARS + 1_000
+        summarizer.open = True
+        summarizer.release()
+        context = await session.context(wait_for_summary=True)
+        assert context.resummarizing == ()
+
+
+async def test_an_orphaned_session_with_a_hole_stays_found_until_it_is_made(store_url, rows) -> None:
+    summarizer = GatedFolds()
+    summarizer.open = True
+    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
+        session = engine.session("s")
+        await fill(session, 20)
+        await wait_until_folded(session)
+        summarizer.open = False
+        await session.delete_episodes([2])
+        await summarizer.wait_started()
+    # As a process that died leaves it: the lease held by an owner that is gone, and expired.
+    rows.query("UPDATE session_leases SET owner = 'a-dead-process', expires_at = 0")
+    async with open_store(store_url, owner="the sweeping process") as store:
+        assert await store.sessions_needing_summary(4, 10**9, orphaned_only=True) == ["s"]
+        assert await store.release_orphans(4, 10**9, retaining=False) == 0  # work is left: not released
+        assert await store.sessions_needing_summary(4, 10**9, orphaned_only=True) == ["s"]
+
+
+async def test_every_call_keeps_within_the_input_bound_merges_and_repairs_too(store_url) -> None:
+    class Verbose(CountingSummarizer):
+        """Writes summaries longer than half the bound; records each call's input in characters."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inputs: list[int] = []
+
+        async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+            self.inputs.append(len(previous or "") + sum(len(e.content) for e in episodes))
+            await super().summarize(previous, episodes)
+            return "s" * 300
+
+        async def fold(self, summaries: Sequence[str]) -> str:
+            self.inputs.append(sum(len(summary) for summary in summaries))
+            await super().fold(summaries)
+            return "f" * 300
+
+    bound = attrs.evolve(CONFIG, max_chars=10**6, summarize_input_max_chars=400)
+    summarizer = Verbose()
+    async with open_engine(store_url, summarizer=summarizer, config=bound) as engine:
+        session = engine.session("s")
+        await session.add([Episode("user", f"{n}:" + "x" * 90) for n in range(1, 37)])
+        await session.add([Episode("user", "a long one: " + "y" * 900)])  # alone over the bound: cut
+        await session.add([Episode("user", f"{n}" + "z" * 90) for n in range(38, 42)])
+        await wait_until_folded(session)
+        await session.delete_episodes([3, 37])  # leaves made again: one of them holds the cut episode
+        await session.context(wait_for_summary=True)
+        await wait_until_folded(session)
+    assert summarizer.folds >= 8
+    assert max(summarizer.inputs) <= 400, summarizer.inputs
 
 
 async def test_a_leaf_whose_episodes_are_all_deleted_costs_no_call(store_url) -> None:
@@ -192,27 +269,25 @@ async def test_holes_left_by_a_stopped_engine_are_made_after_a_restart(store_url
         assert covered(context.summary) == [f"turn {n}" for n in range(1, 33) if n not in (3, 17)]
 
 
-async def test_a_session_with_a_rolling_summary_keeps_it_as_its_first_leaf(store_url) -> None:
+async def test_a_session_with_a_rolling_summary_stays_rolling_and_a_segmented_one_segmented(store_url, rows) -> None:
     rolling = attrs.evolve(CONFIG, segment_summaries=False)
     async with open_engine(store_url, summarizer=CountingSummarizer(), config=rolling) as engine:
-        await fill(engine.session("s"), 12)
-    summarizer = CountingSummarizer()
-    async with open_engine(store_url, summarizer=summarizer, config=CONFIG) as engine:
-        session = engine.session("s")
-        await fill(session, 8, start=13)
-        context = await session.context(wait_for_summary=True)
+        await fill(engine.session("old"), 12)
+    async with open_engine(store_url, summarizer=CountingSummarizer(), config=CONFIG) as engine:
+        await fill(engine.session("old"), 8, start=13)
+        await fill(engine.session("new"), 12)
+        await wait_until_folded(engine.session("new"))
+        context = await engine.session("old").context(wait_for_summary=True)
         assert covered(context.summary) == [f"turn {n}" for n in range(1, 17)]
-        await session.delete_episodes([2])  # in the rolling summary's range: 1..8 summarized again
-        context = await session.context(wait_for_summary=True)
-        assert covered(context.summary) == [f"turn {n}" for n in range(1, 17) if n != 2]
-    # Turned off again, the session stays segmented: a delete still costs only its leaf.
+    assert rows.query("SELECT DISTINCT session_id FROM summary_segments") == [("new",)]
+    # Turned off again, a segmented session stays so: a delete still costs only its leaf.
     summarizer = CountingSummarizer()
     async with open_engine(store_url, summarizer=summarizer, config=rolling) as engine:
-        session = engine.session("s")
-        await session.delete_episodes([14])
+        session = engine.session("new")
+        await session.delete_episodes([2])
         context = await session.context(wait_for_summary=True)
-        assert covered(context.summary) == [f"turn {n}" for n in range(1, 17) if n not in (2, 14)]
-        assert summarizer.leaves[0] == (13, 15, 16)
+        assert covered(context.summary) == [f"turn {n}" for n in range(1, 9) if n != 2]
+        assert summarizer.leaves == [(1, 3, 4)]
 
 
 async def test_a_summarizer_without_fold_merges_through_summarize(store_url) -> None:

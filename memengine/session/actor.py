@@ -107,6 +107,7 @@ class SessionActor(ClientHandlers):
         self._on_stop = on_stop
         self._handing_on = HandOn(session_id, self.mailbox, hand_on)
         self._lease = SessionLease(session_id, services.store, config)
+        self._count_tokens = tokenizer_of(config, session_id)
         self._child = SummarizerActor(
             session_id,
             services.summarizer,
@@ -116,8 +117,8 @@ class SessionActor(ClientHandlers):
             self._summary_answered,
             services.telemetry,
             self._reads_wait,
+            self._count_tokens,
         )
-        self._count_tokens = tokenizer_of(config, session_id)
         self._summary = SessionSummary(self._child, config, self._count_tokens, session_id)
         self._retain = (
             None

@@ -166,7 +166,9 @@ class Session:
         changes nothing the session holds.
 
         With ``wait_for_summary=True``, first wait until every episode evicted
-        before this call is covered by a stored summary. Cancelling this wait
+        before this call is covered by a stored summary (with
+        ``SessionConfig.segment_summaries``, also every range a delete left to
+        summarize again: ``Context.resummarizing``). Cancelling this wait
         affects no one else: the summarizer keeps going. ``wait_for_summary``
         must be a bool (``TypeError`` otherwise: ``"no"`` would be true).
         """

@@ -30,10 +30,16 @@ import logging
 
 from ..config import SessionConfig
 from ..context import handed_out
-from ..episode import Episode, stored_episode
+from ..episode import Episode
 from ..errors import StoreError
 from ..store.base import SegmentState, SessionSnapshot, SetAside
-from ..summarizer.actor import CUT_MARKER, RepairSegments, SummarizeBatch, SummarizerActor
+from ..summarizer.actor import (
+    RepairSegments,
+    SummarizeBatch,
+    SummarizerActor,
+    cut_episode,
+    cut_summary,
+)
 from ..tokens import Tokenizer
 from .messages import SummaryFailed, SummaryStored
 from .window import RawWindow
@@ -137,7 +143,8 @@ class SessionSummary:
         if not window.evicted:
             return
         config = self._config
-        segmented = segments is not None or config.segment_summaries
+        # A session summarized from its start (no rolling summary to keep) is segmented, once it is on.
+        segmented = segments is not None or (config.segment_summaries and self.through == 0)
         # The episodes get what the previous summary leaves of the input bound, and at least half
         # of it: a summary that outgrew the bound is cut for the call (below), never the episodes.
         input_chars = config.summarize_input_max_chars
@@ -161,7 +168,7 @@ class SessionSummary:
             batch_tokens = sum([tokens for _, tokens in sizes])
         else:
             batch = tuple(
-                _cut(episode, chars, tokens, max_chars, max_tokens)
+                cut_episode(episode, chars, tokens, max_chars, max_tokens)
                 for episode, (chars, tokens) in zip(pending, sizes, strict=True)
             )
             batch_chars = sum([len(episode.content) for episode in batch])
@@ -187,11 +194,11 @@ class SessionSummary:
         keep = room_chars
         if room_tokens is not None and self.tokens > room_tokens:
             keep = min(keep, len(text) * room_tokens // max(self.tokens, 1))  # by the summary's own density
-        cut = _cut_summary(text, keep)
+        cut = cut_summary(text, keep)
         if room_tokens is not None:
             while keep > 0 and self._count_tokens(cut) > room_tokens:  # the marker's own tokens
                 keep = keep * 9 // 10
-                cut = _cut_summary(text, keep)
+                cut = cut_summary(text, keep)
         log.log(
             logging.DEBUG if self._summary_cut_logged else logging.WARNING,
             "session %r: the previous summary (%d characters) does not fit beside the %d episode(s) of this "
@@ -247,41 +254,3 @@ class SessionSummary:
 
     def _count(self, summary: str | None) -> int:
         return 0 if summary is None else self._count_tokens(summary)
-
-
-#: Put in the middle of a previous summary too long to go whole beside a call's episodes, where its middle was.
-SUMMARY_CUT_MARKER = (
-    "\n[memengine: {left_out} of the previous summary's {total} characters are left out here, "
-    "to leave room for the new episodes; write a shorter summary]\n"
-)
-
-
-def _cut_summary(text: str, keep: int) -> str:
-    """``text`` in at most ``keep`` characters: its beginning and its end, the marker between them."""
-    marker = SUMMARY_CUT_MARKER.format(left_out=len(text), total=len(text))  # (its longest form)
-    shown = max(keep - len(marker), 0)
-    head = shown // 2
-    tail = shown - head
-    marker = SUMMARY_CUT_MARKER.format(left_out=len(text) - shown, total=len(text))
-    return text[:head] + marker + text[len(text) - tail :]
-
-
-def _cut(episode: Episode, chars: int, tokens: int, max_chars: int, max_tokens: int | None) -> Episode:
-    """The episode as the summarizer sees it: whole, or its beginning and a marker when it exceeds a bound."""
-    keep = chars
-    if chars > max_chars:
-        keep = max_chars
-    if max_tokens is not None and tokens > max_tokens:
-        keep = min(keep, chars * max_tokens // tokens)  # proportionally, by the episode's own density
-    if keep >= chars:
-        return episode
-    keep = max(keep - 120, 1)  # room for the marker
-    content = episode.content[:keep] + CUT_MARKER.format(total=chars, shown=keep)
-    return stored_episode(
-        episode.role,
-        content,
-        episode.id,
-        episode.created_at,
-        episode.metadata,
-        episode.seq,  # type: ignore[arg-type]
-    )

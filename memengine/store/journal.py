@@ -10,29 +10,23 @@ first (see leases.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import attrs
 
-from ..episode import Episode, encode_json, stored_episode, with_seq
+from ..episode import Episode, encode_json, with_seq
 from ..errors import SessionBusyError, StoreError
 from . import leases, outbox, segments, set_aside, unfinished
 from .base import AppendResult, Composed, SegmentRepair, SessionRow, SessionSnapshot
 from .dialect import Db, placeholders
+from .rows import EPISODE_COLUMNS, episode_from_row
 
-EPISODE_COLUMNS = "seq, id, role, content, created_at, metadata"
 INSERT_SESSION = "INSERT INTO sessions (session_id) VALUES (?) ON CONFLICT DO NOTHING"
 INSERT_EPISODE = (
     "INSERT INTO episodes (session_id, seq, id, role, content, created_at, metadata) "
     "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
-
-
-def episode_from_row(row: Sequence) -> Episode:
-    seq, episode_id, role, content, created_at, metadata = row
-    return stored_episode(role, content, episode_id, datetime.fromisoformat(created_at), json.loads(metadata), seq)
 
 
 def episode_row(session_id: str, seq: int, episode: Episode) -> tuple[str, int, str, str, str, str, str]:
@@ -335,6 +329,7 @@ def load(db: Db, session_id: str) -> SessionSnapshot:
         (session_id,),
     ).fetchone()
     summarized_through, summary = latest if latest is not None else (0, None)
+    summary = summary or None  # (a segmented session whose every summarized episode was deleted: "")
     episodes = tuple(
         episode_from_row(row)
         for row in db.execute(

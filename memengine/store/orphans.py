@@ -52,7 +52,10 @@ def release_handled(
             "  WHERE e.session_id = l.session_id AND e.seq > coalesce("
             "    (SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0)) "
             "AND NOT EXISTS (SELECT 1 FROM sessions AS s WHERE s.session_id = l.session_id AND s.evicted_through > "
-            "  coalesce((SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0))))",
+            "  coalesce((SELECT max(m.through_seq) FROM summaries AS m WHERE m.session_id = l.session_id), 0)) "
+            # nor a segmented summary's hole, left by a delete (store/segments.py)
+            "AND NOT EXISTS (SELECT 1 FROM summary_segments AS g WHERE g.session_id = l.session_id AND g.level = 0 "
+            "  AND g.summary IS NULL)))",
             (*chunk, max_episodes, max_chars),
         )
         released += max(cursor.rowcount, 0)

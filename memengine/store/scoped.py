@@ -14,7 +14,7 @@ from ..scope import Scope
 from . import unfinished
 from .base import ExportedSession, ScopeCounts
 from .dialect import Db
-from .journal import EPISODE_COLUMNS, episode_from_row
+from .rows import EPISODE_COLUMNS, episode_from_row
 
 
 def session_ids(db: Db, scope: Scope, after: str | None, limit: int) -> list[str]:
@@ -88,7 +88,7 @@ def exported_session(db: Db, session_id: str) -> ExportedSession:
     ).fetchone()
     (episodes,) = db.execute("SELECT count(*) FROM episodes WHERE session_id = ?", (session_id,)).fetchone()
     through, summary, created_at = latest if latest is not None else (0, None, None)
-    return ExportedSession(session_id, summary, int(through), created_at, int(episodes))
+    return ExportedSession(session_id, summary or None, int(through), created_at, int(episodes))
 
 
 def episodes_after(db: Db, session_id: str, after_seq: int, limit: int) -> list[Episode]:

@@ -10,26 +10,30 @@ previous leaf's through its batch's last, so the leaves tile the summarized
 seqs with no gap.
 
 The summary a read gets is *composed*: the texts of the largest nodes that
-tile the leaves, oldest first (one per set bit of the leaf count once every
-fold is made; a backlog of evicted episodes goes ahead of folds only while
-there are at most two parts more), joined by
-:data:`PART_SEPARATOR`. It is stored in ``summaries`` as the session's summary
-through the last leaf, so whatever reads a session's summary reads it as before.
+tile the leaves, oldest first, joined by :data:`PART_SEPARATOR` (one part per
+set bit of the leaf count once every fold is made; while a backlog of evicted
+episodes goes first, at most ``bit_length(leaves) + 2`` parts before folds go
+ahead of it). It is stored in ``summaries`` as the session's summary through
+the last leaf (an empty text if every leaf's episodes were deleted), so
+whatever reads a session's summary reads it as before. Only that newest
+summary is kept.
 
 A delete of seq ``s`` erases, in its own transaction, the text of the leaf that
 holds ``s`` (the row stays, its summary NULL: a *hole*, to be summarized
 again) and deletes every node above it; the composed summary is made again at
-once, with :data:`HOLE_MARKER` where the leaf was (a read reports its range
-as ``Context.resummarizing``: its live episodes are neither summarized nor
-shown meanwhile). The summarizer child then makes that leaf again (one
-call) and the folds above it (one per level): about ``log2(leaves)`` calls,
-however old the deleted episode. The work, in the order the session
-dispatches it: a hole; new episodes evicted from the window (a new leaf);
-a fold (two sibling nodes of the composed summary whose parent is missing).
+once, showing the hole's live episodes in its place as they were said
+(:data:`HOLE_OPENS`; beyond :data:`HOLE_SHOWN_CHARS` characters the rest is
+said left out): nothing leaves the view while it is summarized again. A read
+reports the hole's range as ``Context.resummarizing``. The summarizer child
+then makes that leaf again (one call) and the folds above it (one per
+level): about ``log2(leaves)`` calls, however old the deleted episode. The
+work, in the order the session dispatches it: a hole; new episodes evicted
+from the window (a new leaf); a fold (two sibling nodes of the composed
+summary whose parent is missing).
 
-A session that had a rolling summary when it was first segmented keeps it as
-its first leaf (a delete in it costs a re-summary of its range, in calls of
-the usual size). Once segmented, a session stays so.
+Only a session summarized from its start is segmented: one with a rolling
+summary stays rolling (a delete there falls back on its older summaries,
+journal.py). Once segmented, a session stays so until it is cleared.
 """
 
 from __future__ import annotations
@@ -38,17 +42,28 @@ import itertools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from ..attachments import for_summarizer
 from . import leases
 from .base import Composed, SegmentRepair, SegmentState
 from .dialect import Db
+from .rows import EPISODE_COLUMNS, episode_from_row
 
 #: Between the texts of the nodes a composed summary is made of.
 PART_SEPARATOR = "\n\n"
-#: Where a composed summary leaves out a leaf being summarized again after a delete.
-HOLE_MARKER = (
-    "[memengine: episodes {first}..{last} are being summarized again after a delete; "
-    "they are not in this summary yet, nor shown]"
+#: Opens the episodes of leaves being summarized again after a delete, shown in their place as they were said.
+HOLE_OPENS = (
+    "[memengine: episodes {first}..{last} are being summarized again after a delete; until then, here they "
+    "are as they were said:]"
 )
+#: Closes them.
+HOLE_CLOSES = "[memengine: end of episodes {first}..{last}]"
+#: Said where the episodes of a hole go past :data:`HOLE_SHOWN_CHARS`.
+HOLE_LEFT_OUT = (
+    "[memengine: episodes {first}..{last} ({count}, {chars} characters) are left out here: too long to show "
+    "before their summary is made]"
+)
+#: Characters of a hole's episodes a composed summary shows (the rest is said, not shown).
+HOLE_SHOWN_CHARS = 16_000
 
 
 #: Parts a composed summary may have beyond its folded shape before folds go ahead of new leaves.
@@ -57,29 +72,68 @@ _SPARE_PARTS = 2
 _Node = tuple[int, int, bool]  # first_seq, through_seq, stale (a leaf whose text a delete erased)
 
 
-def _nodes(db: Db, session_id: str) -> dict[tuple[int, int], _Node]:
-    rows = db.execute(
-        "SELECT level, idx, first_seq, through_seq, summary IS NULL FROM summary_segments WHERE session_id = ?",
-        (session_id,),
-    ).fetchall()
+def _tiled(db: Db, session_id: str) -> tuple[dict[tuple[int, int], _Node], list[tuple[int, int]], int] | None:
+    """The largest whole nodes that tile the leaves, oldest first (a stale leaf stands for itself); None if none.
+
+    Returns those nodes' rows, the nodes in order, and the number of leaves.
+    Read from the top down, never every row: the roots a full binary counter
+    of that many leaves has, and, for each of them that is missing (not
+    folded yet, or above a hole), its children in its place, and so on: a few
+    point reads per level, however long the session.
+    """
+    (last,) = db.execute(
+        "SELECT max(idx) FROM summary_segments WHERE session_id = ? AND level = 0", (session_id,)
+    ).fetchone()
+    if last is None:
+        return None
+    leaves = last + 1
+    wanted: list[tuple[int, int]] = []
+    position = 0
+    for level in reversed(range(leaves.bit_length())):
+        if leaves >> level & 1:
+            wanted.append((level, position >> level))
+            position += 1 << level
+    nodes: dict[tuple[int, int], _Node] = {}
+    while True:
+        unread = [node for node in wanted if node not in nodes]
+        if not unread:
+            return nodes, wanted, leaves
+        nodes.update(_read(db, session_id, unread))
+        parts: list[tuple[int, int]] = []
+        for level, index in wanted:
+            if (level, index) in nodes:
+                parts.append((level, index))
+            elif level > 0:  # not folded yet, or above a hole: its children stand in its place
+                parts.extend([(level - 1, 2 * index), (level - 1, 2 * index + 1)])
+        wanted = parts
+
+
+def _read(db: Db, session_id: str, wanted: Sequence[tuple[int, int]]) -> dict[tuple[int, int], _Node]:
+    rows = _points(db, "level, idx, first_seq, through_seq, summary IS NULL", session_id, wanted)
     return {(level, index): (first, through, bool(stale)) for level, index, first, through, stale in rows}
 
 
-def _tiling(nodes: dict[tuple[int, int], _Node]) -> list[tuple[int, int]]:
-    """The largest whole nodes that tile the leaves, oldest first; a stale leaf stands for itself."""
-    leaves = 1 + max((index for level, index in nodes if level == 0), default=-1)
-    parts: list[tuple[int, int]] = []
-    position = 0
-    while position < leaves:
-        level = 0
-        while position % (2 ** (level + 1)) == 0 and (level + 1, position >> (level + 1)) in nodes:
-            level += 1
-        parts.append((level, position >> level))
-        position += 2**level
-    return parts
+def _points(db: Db, columns: str, session_id: str, nodes: Sequence[tuple[int, int]]) -> list[tuple]:
+    """``columns`` of the given nodes' rows: a point read of the primary key each.
+
+    One statement per hundred, as a UNION ALL of point reads: written as one
+    condition with ORs, SQLite's planner may choose the index on first_seq
+    and read every row of the session instead.
+    """
+    rows: list[tuple] = []
+    for start in range(0, len(nodes), 100):
+        chunk = nodes[start : start + 100]
+        point = f"SELECT {columns} FROM summary_segments WHERE session_id = ? AND level = ? AND idx = ?"
+        rows.extend(
+            db.execute(
+                " UNION ALL ".join([point] * len(chunk)),
+                tuple(value for level, index in chunk for value in (session_id, level, index)),
+            ).fetchall()
+        )
+    return rows
 
 
-def _state(nodes: dict[tuple[int, int], _Node], parts: list[tuple[int, int]]) -> SegmentState:
+def _state(nodes: dict[tuple[int, int], _Node], parts: list[tuple[int, int]], leaves: int) -> SegmentState:
     holes: list[tuple[int, int]] = []
     for level, index in parts:
         first, through, stale = nodes[(level, index)]
@@ -92,7 +146,6 @@ def _state(nodes: dict[tuple[int, int], _Node], parts: list[tuple[int, int]]) ->
     due = _fold_due(nodes, parts) is not None
     # Folded as far as it goes, the summary has a part per set bit of the leaf count. A backlog of
     # evicted episodes goes first, but not so long that the summary grows a part per leaf.
-    leaves = 1 + max(index for level, index in nodes if level == 0)
     folds_first = due and len(parts) > leaves.bit_length() + _SPARE_PARTS
     return SegmentState(holes=tuple(holes), folds_due=due, folds_first=folds_first)
 
@@ -108,53 +161,84 @@ def _fold_due(nodes: dict[tuple[int, int], _Node], parts: list[tuple[int, int]])
 
 def state(db: Db, session_id: str) -> SegmentState | None:
     """The session's holes and whether folds are due; None if it is not segmented."""
-    nodes = _nodes(db, session_id)
-    if not nodes:
-        return None
-    return _state(nodes, _tiling(nodes))
+    tiled = _tiled(db, session_id)
+    return None if tiled is None else _state(*tiled)
 
 
 def compose(db: Db, session_id: str, generation: int) -> Composed | None:
-    """Make the composed summary again and store it as the session's summary; None if it is not segmented."""
-    nodes = _nodes(db, session_id)
-    if not nodes:
+    """Make the composed summary again and store it as the session's summary; None if it is not segmented.
+
+    A hole's live episodes are shown in its place, as they were said (up to
+    :data:`HOLE_SHOWN_CHARS`; the rest is said left out): nothing leaves the
+    view while it is summarized again. An empty summary (every leaf's episodes
+    deleted) is stored as an empty text, so that the session still reads as
+    summarized through its last leaf.
+    """
+    tiled = _tiled(db, session_id)
+    if tiled is None:
         return None
-    parts = _tiling(nodes)
+    nodes, parts, _ = tiled
+    state = _state(*tiled)
     texts = _texts(db, session_id, [part for part in parts if not nodes[part][2]])
     pieces: list[str] = []
+    holes = iter(state.holes)
+    in_hole = False
     for part in parts:
-        first, through, stale = nodes[part]
-        if stale:
-            pieces.append(HOLE_MARKER.format(first=first, last=through))
-        elif texts[part]:
-            pieces.append(texts[part])
-    text = PART_SEPARATOR.join(pieces) or None
+        if not nodes[part][2]:  # (not stale)
+            in_hole = False
+            if texts[part]:
+                pieces.append(texts[part])
+        elif not in_hole:  # neighbouring stale leaves read as one hole
+            in_hole = True
+            shown = _hole(db, session_id, *next(holes))
+            if shown:
+                pieces.append(shown)
+    text = PART_SEPARATOR.join(pieces)
     through_seq = nodes[parts[-1]][1]
     # Only the newest summary is kept: a delete goes through the segments, not back to an older summary.
     db.execute("DELETE FROM summaries WHERE session_id = ? AND through_seq <> ?", (session_id, through_seq))
-    if text is None:
-        db.execute("DELETE FROM summaries WHERE session_id = ?", (session_id,))
-    else:
-        db.execute(
-            "INSERT INTO summaries (session_id, through_seq, generation, summary, created_at) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (session_id, through_seq) DO UPDATE SET "
-            "generation = excluded.generation, summary = excluded.summary, created_at = excluded.created_at",
-            (session_id, through_seq, generation, text, _now()),
-        )
-    return Composed(through_seq, text, _state(nodes, parts))
+    db.execute(
+        "INSERT INTO summaries (session_id, through_seq, generation, summary, created_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (session_id, through_seq) DO UPDATE SET "
+        "generation = excluded.generation, summary = excluded.summary, created_at = excluded.created_at",
+        (session_id, through_seq, generation, text, _now()),
+    )
+    return Composed(through_seq, text or None, state)
+
+
+def _hole(db: Db, session_id: str, first_seq: int, last_seq: int) -> str:
+    """A hole's live episodes as the composed summary shows them ("" if none is left)."""
+    rows = db.execute(
+        f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+        (session_id, first_seq, last_seq),
+    ).fetchall()
+    if not rows:
+        return ""
+    # As the summarizer reads them: an image's base64 as a placeholder ("[image/png, 150 KB]").
+    episodes = for_summarizer([episode_from_row(row) for row in rows])
+    lines = [HOLE_OPENS.format(first=first_seq, last=last_seq)]
+    chars = 0
+    for number, episode in enumerate(episodes):
+        line = f"{episode.role}: {episode.content}"
+        if chars + len(line) > HOLE_SHOWN_CHARS:
+            rest = episodes[number:]
+            lines.append(
+                HOLE_LEFT_OUT.format(
+                    first=rest[0].seq,
+                    last=rest[-1].seq,
+                    count=len(rest),
+                    chars=sum(len(e.role) + 2 + len(e.content) for e in rest),
+                )
+            )
+            break
+        lines.append(line)
+        chars += len(line)
+    lines.append(HOLE_CLOSES.format(first=first_seq, last=last_seq))
+    return "\n".join(lines)
 
 
 def _texts(db: Db, session_id: str, parts: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:
-    found: dict[tuple[int, int], str] = {}
-    for start in range(0, len(parts), 100):
-        chunk = parts[start : start + 100]
-        condition = " OR ".join(["(level = ? AND idx = ?)"] * len(chunk))
-        rows = db.execute(
-            f"SELECT level, idx, summary FROM summary_segments WHERE session_id = ? AND ({condition})",
-            (session_id, *[value for part in chunk for value in part]),
-        ).fetchall()
-        found.update({(level, index): summary for level, index, summary in rows})
-    return found
+    return {(level, index): summary for level, index, summary in _points(db, "level, idx, summary", session_id, parts)}
 
 
 def _generation_is(db: Db, session_id: str, generation: int) -> bool:
@@ -166,8 +250,9 @@ def store_leaf(db: Db, session_id: str, token: int, generation: int, through_seq
     """Store a new leaf, the summary of the evicted episodes up to ``through_seq``; None if refused.
 
     Refused (nothing written) when ``generation`` is no longer the session's,
-    or ``through_seq`` is not past the last leaf. A session with a rolling
-    summary and no leaves yet keeps that summary as its first leaf.
+    or ``through_seq`` is not past the last leaf, or the session has a
+    rolling summary (it stays rolling: only a session summarized from its
+    start is segmented).
     """
     leases.require(db, session_id, token)
     if not _generation_is(db, session_id, generation):
@@ -176,14 +261,8 @@ def store_leaf(db: Db, session_id: str, token: int, generation: int, through_seq
         "SELECT idx, through_seq FROM summary_segments WHERE session_id = ? AND level = 0 ORDER BY idx DESC LIMIT 1",
         (session_id,),
     ).fetchone()
-    if last is None:
-        rolling = db.execute(
-            "SELECT through_seq, summary FROM summaries WHERE session_id = ? ORDER BY through_seq DESC LIMIT 1",
-            (session_id,),
-        ).fetchone()
-        if rolling is not None:
-            _insert(db, session_id, 0, 0, 1, rolling[0], generation, rolling[1])
-            last = (0, rolling[0])
+    if last is None and db.execute("SELECT 1 FROM summaries WHERE session_id = ? LIMIT 1", (session_id,)).fetchone():
+        return None
     index, first_seq = (0, 1) if last is None else (last[0] + 1, last[1] + 1)
     if through_seq < first_seq:
         return None
@@ -256,10 +335,10 @@ def next_repair(db: Db, session_id: str) -> SegmentRepair | Composed | None:
     None if the session is not segmented. A read: the write that stores the
     node checks that it is still wanted.
     """
-    nodes = _nodes(db, session_id)
-    if not nodes:
+    tiled = _tiled(db, session_id)
+    if tiled is None:
         return None
-    parts = _tiling(nodes)
+    nodes, parts, _ = tiled
     for part in parts:
         first, through, stale = nodes[part]
         if stale:  # (its live episodes are read by the caller: journal.episodes_between)
@@ -274,7 +353,7 @@ def next_repair(db: Db, session_id: str) -> SegmentRepair | Composed | None:
     row = db.execute(
         "SELECT summary FROM summaries WHERE session_id = ? AND through_seq = ?", (session_id, nodes[parts[-1]][1])
     ).fetchone()
-    return Composed(nodes[parts[-1]][1], row[0] if row is not None else None, _state(nodes, parts))
+    return Composed(nodes[parts[-1]][1], (row[0] if row is not None else None) or None, _state(*tiled))
 
 
 def invalidate(db: Db, session_id: str, deleted: Sequence[int]) -> bool:
@@ -282,16 +361,28 @@ def invalidate(db: Db, session_id: str, deleted: Sequence[int]) -> bool:
 
     Returns whether the session is segmented (then the caller composes its
     summary again rather than dropping summaries back to before the delete).
+    Reads only the leaves from the one holding the first deleted seq to the
+    one holding the last.
     """
-    leaves = db.execute(
-        "SELECT idx, first_seq, through_seq FROM summary_segments WHERE session_id = ? AND level = 0 ORDER BY idx",
-        (session_id,),
-    ).fetchall()
-    if not leaves:
+    (last,) = db.execute(
+        "SELECT max(idx) FROM summary_segments WHERE session_id = ? AND level = 0", (session_id,)
+    ).fetchone()
+    if last is None:
         return False
+    ordered = sorted(deleted)
+    start = db.execute(
+        "SELECT first_seq FROM summary_segments WHERE session_id = ? AND level = 0 AND first_seq <= ? "
+        "ORDER BY first_seq DESC LIMIT 1",
+        (session_id, ordered[0]),
+    ).fetchone()
+    leaves = db.execute(
+        "SELECT idx, first_seq, through_seq FROM summary_segments "
+        "WHERE session_id = ? AND level = 0 AND first_seq BETWEEN ? AND ? ORDER BY first_seq",
+        (session_id, start[0] if start is not None else ordered[0], ordered[-1]),
+    ).fetchall()
     hit: set[int] = set()
     position = 0
-    for seq in sorted(deleted):  # both in order: one walk
+    for seq in ordered:  # both in order: one walk
         while position < len(leaves) and leaves[position][2] < seq:
             position += 1
         if position == len(leaves):
@@ -300,7 +391,7 @@ def invalidate(db: Db, session_id: str, deleted: Sequence[int]) -> bool:
             hit.add(leaves[position][0])
     if not hit:
         return True
-    top = max(len(leaves) - 1, 1).bit_length()
+    top = max(last, 1).bit_length()
     db.executemany(
         "UPDATE summary_segments SET summary = NULL WHERE session_id = ? AND level = 0 AND idx = ?",
         [(session_id, index) for index in sorted(hit)],
@@ -322,11 +413,14 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-#: The table (both backends: the same SQL). ``summary`` is NULL for a leaf whose text a delete erased.
-SEGMENTS_TABLE = (
+#: The table and its indexes (both backends: the same SQL). ``summary`` is NULL for a leaf whose text a
+#: delete erased (a hole); the holes have an index of their own, so that finding them never reads every leaf.
+SEGMENTS_SCHEMA = (
     "CREATE TABLE summary_segments ("
     "  session_id text NOT NULL, level integer NOT NULL, idx integer NOT NULL,"
     "  first_seq bigint NOT NULL, through_seq bigint NOT NULL, generation bigint NOT NULL,"
     "  summary text, created_at text NOT NULL,"
-    "  PRIMARY KEY (session_id, level, idx))"
+    "  PRIMARY KEY (session_id, level, idx))",
+    "CREATE INDEX summary_segments_by_first_seq ON summary_segments (session_id, level, first_seq)",
+    "CREATE INDEX summary_segments_holes ON summary_segments (session_id, idx) WHERE level = 0 AND summary IS NULL",
 )

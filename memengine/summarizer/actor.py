@@ -87,6 +87,7 @@ class SummarizerActor:
         acknowledge: Callable[[SummaryStored | SummaryFailed], None],
         telemetry: Telemetry = NO_TELEMETRY,
         awaited: Callable[[], bool] = lambda: False,
+        count_tokens: Callable[[str], int] = len,
     ) -> None:
         self._session_id = session_id
         self._summarizer = summarizer
@@ -96,6 +97,8 @@ class SummarizerActor:
         self._acknowledge = acknowledge
         #: Whether a read waits for the session's next summary (then it is committed at once, not riding along).
         self._awaited = awaited
+        #: The session's tokenizer: a segmented session's repairs keep within ``summarize_input_max_tokens`` too.
+        self._count_tokens = count_tokens
         self._telemetry = telemetry
         self._mailbox: Mailbox[SummarizeBatch | RepairSegments] = Mailbox()
         self._newest_generation = 0
@@ -204,19 +207,79 @@ class SummarizerActor:
         return _from_composed(batch.generation, composed)
 
     async def _summarize_leaf(self, episodes: tuple[Episode, ...], attempts: list[int]) -> str:
-        """A stale leaf's live episodes summarized on their own, in calls within the input bounds ("" if none)."""
+        """A stale leaf's live episodes summarized on their own ("" if none are left), within the input bounds.
+
+        A leaf was one batch, so it most often takes one call; one that does
+        not fit (its episodes were cut for the summarizer when it was made) is
+        summarized in calls of the usual shape: the episodes get at least half
+        of the bound, the summary so far what they leave, cut if longer.
+        """
+        config = self._config
+        max_chars, max_tokens = config.summarize_input_max_chars, config.summarize_input_max_tokens
+        count = self._count_tokens
+        tokens = [0] * len(episodes)
+        if max_tokens is not None:  # counted off the event loop: a leaf may hold large tool outputs
+            tokens = await anyio.to_thread.run_sync(lambda: [count(e.content) for e in episodes])
         summary: str | None = None
-        for chunk in _chunks(episodes, self._config.summarize_batch_max, self._config.summarize_input_max_chars):
-            previous = summary
+        start = 0
+        while start < len(episodes):
+            # The first call has no summary so far: its episodes get the whole bound, later ones half.
+            share_chars = max_chars if summary is None else max(max_chars // 2, 1)
+            share_tokens = None if max_tokens is None else (max_tokens if summary is None else max(max_tokens // 2, 1))
+            end, chars, used_tokens = start, 0, 0
+            while end < len(episodes) and end - start < config.summarize_batch_max:
+                size, weight = len(episodes[end].content), tokens[end]
+                fits = chars + size <= share_chars and (share_tokens is None or used_tokens + weight <= share_tokens)
+                if not fits and end > start:
+                    break
+                end, chars, used_tokens = end + 1, chars + size, used_tokens + weight
+            chunk = [
+                _cut(episode, tokens[start + number], share_chars, share_tokens)
+                for number, episode in enumerate(episodes[start:end])
+            ]
+            chars = sum(len(episode.content) for episode in chunk)  # (as cut)
+            if share_tokens is not None:
+                used_tokens = min(used_tokens, share_tokens)
+            previous = None if summary is None else self._fit(summary, max_chars - chars, max_tokens, used_tokens)
             summary = await self._with_retries(lambda: self._summarize(previous, chunk), attempts)  # noqa: B023
+            start = end
         return summary or ""
 
     async def _fold(self, parts: tuple[str, str], attempts: list[int]) -> str:
-        """Two neighbouring summaries merged into one (an empty one adds nothing: no call)."""
+        """Two neighbouring summaries merged into one (an empty one adds nothing: no call), within the input bounds.
+
+        Each gets half of ``summarize_input_max_chars`` (and of
+        ``summarize_input_max_tokens``), cut in the middle, saying so, if longer.
+        """
         first, second = parts
         if not first or not second:
             return first or second
+        config = self._config
+        half_tokens = None if config.summarize_input_max_tokens is None else config.summarize_input_max_tokens // 2
+        first, second = (
+            self._fit(part, config.summarize_input_max_chars // 2, half_tokens, 0) for part in (first, second)
+        )
         return await self._with_retries(lambda: self._summarize_pair(first, second), attempts)
+
+    def _fit(self, summary: str, room_chars: int, max_tokens: int | None, used_tokens: int) -> str:
+        """``summary`` within ``room_chars`` characters (and ``max_tokens - used_tokens`` tokens): whole, or cut."""
+        room_tokens = None if max_tokens is None else max(max_tokens - used_tokens, 0)
+        tokens = None if room_tokens is None else self._count_tokens(summary)
+        if len(summary) <= room_chars and (tokens is None or room_tokens is None or tokens <= room_tokens):
+            return summary
+        keep = max(room_chars, 0)
+        if tokens is not None and room_tokens is not None and tokens > room_tokens:
+            keep = min(keep, len(summary) * room_tokens // max(tokens, 1))  # by the summary's own density
+        log.warning(
+            "session %r: a summary of %d characters does not fit its share of a summarizer call "
+            "(summarize_input_max_chars=%d, summarize_input_max_tokens=%s); it is given cut, its middle left out "
+            "and marked: the summarizer should write shorter summaries",
+            self._session_id,
+            len(summary),
+            self._config.summarize_input_max_chars,
+            max_tokens,
+        )
+        return cut_summary(summary, keep)
 
     async def _with_retries(self, make: Callable[[], Awaitable[str]], attempts: list[int]) -> str:
         async def call() -> str:
@@ -326,26 +389,43 @@ def _from_composed(generation: int, composed: Composed | None) -> SummaryStored:
 #: Appended to an episode's text when the summarizer is given only its beginning.
 CUT_MARKER = "\n[memengine: cut here for the summarizer; the episode has {total} characters, {shown} shown]"
 
+#: Put in the middle of a summary too long for its share of a summarizer call, where its middle was.
+SUMMARY_CUT_MARKER = (
+    "\n[memengine: {left_out} of the previous summary's {total} characters are left out here, "
+    "to leave room for the new episodes; write a shorter summary]\n"
+)
 
-def _chunks(episodes: Sequence[Episode], max_episodes: int, max_chars: int) -> list[list[Episode]]:
-    """The episodes in order, in calls of at most ``max_episodes`` and ``max_chars`` (a larger one cut alone)."""
-    chunks: list[list[Episode]] = []
-    chars = 0
-    for episode in episodes:
-        if len(episode.content) > max_chars:
-            keep = max(max_chars - 120, 1)
-            content = episode.content[:keep] + CUT_MARKER.format(total=len(episode.content), shown=keep)
-            episode = stored_episode(
-                episode.role,
-                content,
-                episode.id,
-                episode.created_at,
-                episode.metadata,
-                episode.seq,  # type: ignore[arg-type]
-            )
-        if not chunks or len(chunks[-1]) >= max_episodes or chars + len(episode.content) > max_chars:
-            chunks.append([])
-            chars = 0
-        chunks[-1].append(episode)
-        chars += len(episode.content)
-    return chunks
+
+def cut_summary(text: str, keep: int) -> str:
+    """``text`` in at most ``keep`` characters: its beginning and its end, the marker between them."""
+    marker = SUMMARY_CUT_MARKER.format(left_out=len(text), total=len(text))  # (its longest form)
+    shown = max(keep - len(marker), 0)
+    head = shown // 2
+    tail = shown - head
+    marker = SUMMARY_CUT_MARKER.format(left_out=len(text) - shown, total=len(text))
+    return text[:head] + marker + text[len(text) - tail :]
+
+
+def cut_episode(episode: Episode, chars: int, tokens: int, max_chars: int, max_tokens: int | None) -> Episode:
+    """The episode as the summarizer sees it: whole, or its beginning and a marker when it exceeds a bound."""
+    keep = chars
+    if chars > max_chars:
+        keep = max_chars
+    if max_tokens is not None and tokens > max_tokens:
+        keep = min(keep, chars * max_tokens // tokens)  # proportionally, by the episode's own density
+    if keep >= chars:
+        return episode
+    keep = max(keep - 120, 1)  # room for the marker
+    content = episode.content[:keep] + CUT_MARKER.format(total=chars, shown=keep)
+    return stored_episode(
+        episode.role,
+        content,
+        episode.id,
+        episode.created_at,
+        episode.metadata,
+        episode.seq,  # type: ignore[arg-type]
+    )
+
+
+def _cut(episode: Episode, tokens: int, max_chars: int, max_tokens: int | None) -> Episode:
+    return cut_episode(episode, len(episode.content), tokens, max_chars, max_tokens)

@@ -41,7 +41,7 @@ from ..handover import WANTED_COLUMN
 from ..leases import TOKEN_FLOOR_TABLE
 from ..owners import OWNERS_INDEX, OWNERS_TABLE
 from ..schema_window import check_newer, compatible_from
-from ..segments import SEGMENTS_TABLE
+from ..segments import SEGMENTS_SCHEMA
 
 #: The advisory lock key every memengine process takes while migrating ("memengine" in ASCII, truncated).
 MIGRATION_LOCK = 0x6D656D656E67696E & 0x7FFFFFFFFFFFFFFF
@@ -194,7 +194,7 @@ MIGRATIONS: list[Migration] = [
     # one of them (NULL: after the summary). Older code would leave a segmented session's segments behind on
     # a delete, a clear or an erasure.
     Migration(
-        (SEGMENTS_TABLE, "ALTER TABLE summaries_set_aside ADD COLUMN first_seq bigint"),
+        (*SEGMENTS_SCHEMA, "ALTER TABLE summaries_set_aside ADD COLUMN first_seq bigint"),
         additive=False,
         locks="summaries_set_aside, ACCESS EXCLUSIVE, briefly (a nullable column: no rewrite)",
     ),

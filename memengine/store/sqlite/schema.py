@@ -20,7 +20,7 @@ from ..handover import WANTED_COLUMN
 from ..leases import TOKEN_FLOOR_TABLE
 from ..owners import OWNERS_INDEX, OWNERS_TABLE
 from ..schema_window import check_newer, compatible_from
-from ..segments import SEGMENTS_TABLE
+from ..segments import SEGMENTS_SCHEMA
 
 # Full-text recall over the journal (see store/sqlite/recall.py, which also
 # recreates these when it rebuilds a damaged index). Rows are indexed in
@@ -188,7 +188,8 @@ def _add_forgets(db: sqlite_utils.Database) -> None:
 def _add_summary_segments(db: sqlite_utils.Database) -> None:
     # Segment summaries (store/segments.py): a segmented session's summarized past as a tree of summaries;
     # where a set-aside summary batch starts when it is a repair of one of them (NULL: after the summary).
-    db.execute(SEGMENTS_TABLE)
+    for statement in SEGMENTS_SCHEMA:
+        db.execute(statement)
     db["summaries_set_aside"].add_column("first_seq", int)  # type: ignore[union-attr]
 
 
