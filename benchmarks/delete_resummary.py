@@ -22,8 +22,11 @@ rolling summary (the default) and segment summaries
 (``SessionConfig(segment_summaries=True)``, store/segments.py: a summary per
 batch, merged pairwise by ``fold`` calls; a delete re-makes the batch that
 held the episode and the merges above it). For segments, ``calls`` counts
-until every merge above the repaired batch is made again too. Building the
-session prints what each way costs without deletes: calls and input.
+until every merge above the repaired batch is made again too, and ``hole
+shown`` / ``hole said`` how many of the re-summarized batch's live episodes
+the summary shows in its place meanwhile, and how many it says it leaves
+out (past 16,000 characters). Building the session prints what each way
+costs without deletes: calls and input.
 
 The issue this measures (#28) asks for at most about log2(n) calls (14 at
 20,000) and at most 2,000 raw episodes meanwhile. Everything runs in one
@@ -38,6 +41,7 @@ import argparse
 import base64
 import json
 import random
+import re
 import sqlite3
 import tempfile
 import time
@@ -168,7 +172,14 @@ async def delete_at(path: Path, episodes: int, position: float, config: SessionC
         "seq": seq,
         "raw_meanwhile": len(meanwhile.episodes),
         "through_meanwhile": meanwhile.summarized_through,
-        "left_out": sum(last - first + 1 for first, last in meanwhile.resummarizing),
+        # A segmented summary shows the hole's live episodes in its place, up to a bound, and says how many
+        # it leaves out past it.
+        "hole": sum(last - first + 1 for first, last in meanwhile.resummarizing)
+        - (1 if meanwhile.resummarizing else 0),
+        "hole_said": sum(
+            int(count)
+            for count in re.findall(r"\.\.\d+ \((\d+), \d+ characters\) are left out here", meanwhile.summary or "")
+        ),
         "calls": summarizer.calls,
         "input_chars": summarizer.input_chars,
         "raw_after": len(after.episodes),
@@ -196,7 +207,7 @@ async def main(args: argparse.Namespace) -> None:
         print("one delete per copy of the store:")
         print(
             f"{'summaries':>9} {'deleted':>8} {'seq':>7} {'raw meanwhile':>14} {'summary through':>16} "
-            f"{'left out':>9} {'calls':>6} {'input MB':>9} {'raw after':>10} {'s (fake LLM)':>13}"
+            f"{'hole shown':>11} {'hole said':>10} {'calls':>6} {'input MB':>9} {'raw after':>10} {'s (fake LLM)':>13}"
         )
         for position in POSITIONS:
             for mode, config in MODES.items():
@@ -205,7 +216,8 @@ async def main(args: argparse.Namespace) -> None:
                 result = await delete_at(copy, args.episodes, position, config)
                 print(
                     f"{mode:>9} {position:>8.0%} {result['seq']:>7} {result['raw_meanwhile']:>14,} "
-                    f"{result['through_meanwhile']:>16,} {result['left_out']:>9} {result['calls']:>6} "
+                    f"{result['through_meanwhile']:>16,} {result['hole'] - result['hole_said']:>11} "
+                    f"{result['hole_said']:>10} {result['calls']:>6} "
                     f"{result['input_chars'] / 1e6:>9.1f} {result['raw_after']:>10} {result['seconds']:>13.1f}"
                 )
 
