@@ -65,7 +65,8 @@ class Context:
     ``resummarizing`` lists those ranges ``(first_seq, last_seq)``, and until
     then the summary shows their live episodes in their place, as they were
     said (one ``role: content`` line each between two marker lines; past
-    16,000 characters a range it says which it leaves out), so the summary,
+    16,000 characters in all, or where they would pass the token ceiling, it
+    says which it leaves out), so the summary,
     ``omitted`` and ``episodes`` still cover the session with no gap and no
     overlap. ``context(wait_for_summary=True)`` waits for them too.
     """

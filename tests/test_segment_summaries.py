@@ -14,14 +14,17 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import anyio
 import attrs
 import pytest
 
 from memengine import Episode, SessionConfig, SummaryError, open_engine
+from memengine.episode import stored_episode
 from memengine.store.open import open_store
-from memengine.store.segments import HOLE_LEFT_OUT, HOLE_OPENS, HOLE_SHOWN_CHARS, PART_SEPARATOR
+from memengine.store.segments import HOLE_COMPACT, HOLE_LEFT_OUT, HOLE_OPENS, HOLE_SHOWN_CHARS, PART_SEPARATOR
+from memengine.summarizer.actor import SummarizerActor
 
 from .fakes import covered, fold
 
@@ -172,12 +175,49 @@ async def test_a_large_hole_is_shown_up_to_a_bound_and_the_rest_said(store_url) 
         hole = context.summary.split(PART_SEPARATOR)[0]
         shown = [line for line in hole.split("\n") if line.startswith("user: ")]
         assert [line[6:8] for line in shown] == ["2:", "3:"]  # 12,000 characters, within 16,000
-        assert HOLE_LEFT_OUT.format(first=4, last=4, count=1, chars=6_008) in hole
+        assert HOLE_LEFT_OUT.format(first=4, last=4, count=1, chars=6_002) in hole
         assert len(hole) < HOLE_SHOWN_CHARS + 1_000
         summarizer.open = True
         summarizer.release()
         context = await session.context(wait_for_summary=True)
         assert context.resummarizing == ()
+
+
+async def test_over_the_ceiling_a_holes_episodes_are_said_left_out_before_the_window_is(store_url) -> None:
+    class Terse(GatedFolds):
+        """One-word summaries, so that only the hole's episodes can pass the ceiling."""
+
+        async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+            await super().summarize(previous, episodes)
+            return f"s{episodes[0].seq}-{episodes[-1].seq}"
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    # The ceiling: 200 words. The window holds 4 episodes of 31 words; the hole's 3 live ones take 93 more.
+    config = attrs.evolve(CONFIG, max_tokens=100, max_chars=10**6, tokenizer=words, max_context_wait=0)
+    summarizer = Terse()
+    summarizer.open = True
+    async with open_engine(store_url, summarizer=summarizer, config=config) as engine:
+        session = engine.session("s")
+        for first in range(1, 21, 4):
+            await session.add([Episode("user", f"turn{n} " + "w " * 30) for n in range(first, first + 4)])
+        await wait_until_folded(session)
+        summarizer.open = False
+        await session.delete_episodes([2])
+        window = [e.seq for e in (await session.context()).episodes]
+        context = await session.context()
+        ((first, last),) = context.resummarizing
+        assert first <= 2 <= last and last > first + 1  # the hole holds live episodes besides seq 2
+        # Shown whole, the hole's episodes would pass the ceiling: they are said left out, the window stays.
+        assert HOLE_COMPACT.format(first=first, last=last) in context.summary
+        assert not any(f"turn{n} " in context.summary for n in range(first, last + 1))
+        assert [e.seq for e in context.episodes] == window and context.omitted is None
+        assert context.tokens <= config.context_ceiling
+        summarizer.open = True
+        summarizer.release()
+        context = await session.context(wait_for_summary=True)
+        assert context.resummarizing == () and "turn" not in context.summary
 
 
 async def test_an_orphaned_session_with_a_hole_stays_found_until_it_is_made(store_url, rows) -> None:
@@ -405,3 +445,36 @@ def _holds_anywhere(rows, text: str) -> bool:
     stored = [row[0] for row in rows.query("SELECT summary FROM summaries")]
     stored += [row[0] for row in rows.query("SELECT summary FROM summary_segments WHERE summary IS NOT NULL")]
     return any(pattern.search(value) for value in stored)
+
+
+async def test_a_repairs_calls_keep_within_the_token_bound_too() -> None:
+    """The child's own shaping of a leaf repair and a merge, with a tokenizer (words): within both bounds."""
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    class Recording:
+        def __init__(self) -> None:
+            self.calls: list[tuple[int, int]] = []
+
+        async def summarize(self, previous: str | None, episodes: Sequence[Episode]) -> str:
+            texts = [previous or "", *(e.content for e in episodes)]
+            self.calls.append((sum(len(t) for t in texts), sum(words(t) for t in texts)))
+            return " ".join(["w"] * 41)  # 81 characters, 41 words: more than half of either bound
+
+        async def fold(self, summaries: Sequence[str]) -> str:
+            self.calls.append((sum(len(s) for s in summaries), sum(words(s) for s in summaries)))
+            return "f"
+
+    summarizer = Recording()
+    config = SessionConfig(summarize_input_max_chars=300, summarize_input_max_tokens=50, summarize_attempts=1)
+    child = SummarizerActor("s", summarizer, None, config, anyio.CapacityLimiter(1), lambda m: None, count_tokens=words)
+    now = datetime.now(UTC)
+    leaf = (
+        stored_episode("user", " ".join(["a"] * 40), "i1", now, {}, 1),  # 40 words
+        stored_episode("user", "b" * 6000, "i2", now, {}, 2),  # one word, 6,000 characters: cut
+    )
+    await child._summarize_leaf(leaf, [1])
+    await child._fold((" ".join(["x"] * 100), " ".join(["y"] * 100)), [1])
+    assert len(summarizer.calls) == 3
+    assert all(chars <= 300 and tokens <= 50 for chars, tokens in summarizer.calls), summarizer.calls

@@ -182,10 +182,14 @@ class ActivationState:
     def _context(self) -> Context:
         window = self._window
         evicted_through = window.evicted_through
-        summary_tokens = self._summary.tokens
+        summary, summary_tokens = self._summary.text, self._summary.tokens
         raw, raw_tokens = window.raw, window.tokens
         start, shown_tokens, omitted, note_tokens = 0, raw_tokens, None, 0
         ceiling = self._context_ceiling
+        if ceiling is not None and summary_tokens + raw_tokens > ceiling and self._summary.holes:
+            # A segmented summary shows its holes' episodes as said (store/segments.py): over the ceiling,
+            # they go first, each said left out in one line, before any episode of the window does.
+            summary, summary_tokens = self._summary.compact()
         if ceiling is not None and summary_tokens + raw_tokens > ceiling:
             # Past the ceiling (a summarizer lagging behind the evictions): the newest episodes that fit
             # beside the summary and the note saying what is left out (counted at its longest).
@@ -197,7 +201,7 @@ class ActivationState:
                 note_tokens = self._count_tokens(omitted.note)
         return Context(
             session_id=self.session_id,
-            summary=self._summary.text,
+            summary=summary,
             summarized_through=self._summary.through,
             episodes=tuple(raw[start:]) if start else tuple(raw),
             evicted_through=self._summary.through if evicted_through is None else evicted_through,

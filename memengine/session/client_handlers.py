@@ -188,15 +188,17 @@ class ClientHandlers(ActivationState):
         else:
             context = self._context()
             omitted = context.omitted
-            if (
-                message.wait_for_ceiling
-                and omitted is not None
-                and evicted_through is not None
-                and self._summary.set_aside is None
-            ):
-                # Over the ceiling while the summarizer is behind: wait for the summary of the evicted
-                # episodes left out (the caller bounds the wait, then reads again without it).
-                self._wait_for_summary(message, min(omitted.last_seq, evicted_through))
+            # Over the ceiling, a segmented summary's holes were said left out rather than shown (store/segments.py).
+            holes_left_out = bool(holes) and context.summary is not self._summary.text
+            waits_for = None
+            if omitted is not None and evicted_through is not None:
+                waits_for = min(omitted.last_seq, evicted_through)
+            if holes_left_out:
+                waits_for = max(waits_for or 0, holes[-1][1])
+            if message.wait_for_ceiling and waits_for is not None and self._summary.set_aside is None:
+                # Over the ceiling while the summarizer is behind: wait for the summary of the episodes left
+                # out (the caller bounds the wait, then reads again without it).
+                self._wait_for_summary(message, waits_for)
             else:
                 self._answer(message, context)
 

@@ -32,6 +32,7 @@ from ..config import SessionConfig
 from ..context import handed_out
 from ..episode import Episode
 from ..errors import StoreError
+from ..store import segments
 from ..store.base import SegmentState, SessionSnapshot, SetAside
 from ..summarizer.actor import (
     RepairSegments,
@@ -72,6 +73,7 @@ class SessionSummary:
         self.failed_attempts = 0
         #: A segmented session's holes and due folds (store/segments.py); None while it is not segmented.
         self.segments: SegmentState | None = None
+        self._compact: tuple[str | None, str | None, int] | None = None  # (the summary, compacted, its tokens)
 
     @property
     def tokens(self) -> int:
@@ -119,14 +121,25 @@ class SessionSummary:
 
     @property
     def holes(self) -> tuple[tuple[int, int], ...]:
-        """Ranges of a segmented session's summary being summarized again after a delete (none shown)."""
+        """Ranges of a segmented session's summary being summarized again after a delete (shown in it as said)."""
         return () if self.segments is None else self.segments.holes
+
+    def compact(self) -> tuple[str | None, int]:
+        """The summary without its holes' episodes (each said left out in one line), and its tokens.
+
+        What a read over its token ceiling gets (store/segments.py); counted
+        once per summary.
+        """
+        if self._compact is None or self._compact[0] is not self.text:
+            text = None if self.text is None else segments.compact(self.text)
+            self._compact = (self.text, text, self._count(text))
+        return self._compact[1], self._compact[2]
 
     def dispatch(self, window: RawWindow, token: int) -> None:
         """Hand the child its next work, unless some is already in flight or waiting.
 
-        A segmented session's holes come first (their episodes are neither
-        summarized nor shown meanwhile), then the oldest pending episodes, then
+        A segmented session's holes come first (their episodes are shown in
+        the summary as they were said meanwhile), then the oldest pending episodes, then
         its folds; a fold goes ahead of pending episodes when the summary has
         grown a few parts beyond its folded shape (store/segments.py), so a
         backlog never makes it a part per batch.

@@ -62,8 +62,9 @@ class SegmentState:
     """What a segmented session's summary leaves out, and whether it has work due (store/segments.py).
 
     ``holes``: ranges ``(first_seq, last_seq)`` of leaves a delete erased, to be
-    summarized again; the summary covers no live episode in them (and marks
-    where they are), and they are not shown raw either. ``folds_due``: two
+    summarized again; meanwhile the summary shows their live episodes in their
+    place as they were said (up to a bound; past it, and over a read's token
+    ceiling, it says which are left out). ``folds_due``: two
     neighbouring parts of the summary can be folded into one; ``folds_first``:
     the summary has so many parts that a fold goes ahead of evicted episodes.
     """

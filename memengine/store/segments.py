@@ -39,6 +39,7 @@ journal.py). Once segmented, a session stays so until it is cleared.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -46,7 +47,7 @@ from ..attachments import for_summarizer
 from . import leases
 from .base import Composed, SegmentRepair, SegmentState
 from .dialect import Db
-from .rows import EPISODE_COLUMNS, episode_from_row
+from .rows import episode_from_row
 
 #: Between the texts of the nodes a composed summary is made of.
 PART_SEPARATOR = "\n\n"
@@ -62,8 +63,19 @@ HOLE_LEFT_OUT = (
     "[memengine: episodes {first}..{last} ({count}, {chars} characters) are left out here: too long to show "
     "before their summary is made]"
 )
-#: Characters of a hole's episodes a composed summary shows (the rest is said, not shown).
+#: Characters of holes' episodes a composed summary shows, all its holes together (the rest is said, not shown).
 HOLE_SHOWN_CHARS = 16_000
+#: What a read over its token ceiling shows in place of a hole's episodes (see :func:`compact`).
+HOLE_COMPACT = (
+    "[memengine: episodes {first}..{last} are being summarized again after a delete; left out here, to stay "
+    "within the token ceiling]"
+)
+_HOLE_BLOCK = re.compile(
+    re.escape(HOLE_OPENS).replace(r"\{first\}", r"(?P<first>\d+)").replace(r"\{last\}", r"(?P<last>\d+)")
+    + r".*?"
+    + re.escape(HOLE_CLOSES).replace(r"\{first\}", r"(?P=first)").replace(r"\{last\}", r"(?P=last)"),
+    re.DOTALL,
+)
 
 
 #: Parts a composed summary may have beyond its folded shape before folds go ahead of new leaves.
@@ -182,6 +194,7 @@ def compose(db: Db, session_id: str, generation: int) -> Composed | None:
     texts = _texts(db, session_id, [part for part in parts if not nodes[part][2]])
     pieces: list[str] = []
     holes = iter(state.holes)
+    budget = [HOLE_SHOWN_CHARS]
     in_hole = False
     for part in parts:
         if not nodes[part][2]:  # (not stale)
@@ -190,7 +203,7 @@ def compose(db: Db, session_id: str, generation: int) -> Composed | None:
                 pieces.append(texts[part])
         elif not in_hole:  # neighbouring stale leaves read as one hole
             in_hole = True
-            shown = _hole(db, session_id, *next(holes))
+            shown = _hole(db, session_id, *next(holes), budget)
             if shown:
                 pieces.append(shown)
     text = PART_SEPARATOR.join(pieces)
@@ -206,35 +219,50 @@ def compose(db: Db, session_id: str, generation: int) -> Composed | None:
     return Composed(through_seq, text or None, state)
 
 
-def _hole(db: Db, session_id: str, first_seq: int, last_seq: int) -> str:
-    """A hole's live episodes as the composed summary shows them ("" if none is left)."""
-    rows = db.execute(
-        f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+def _hole(db: Db, session_id: str, first_seq: int, last_seq: int, budget: list[int]) -> str:
+    """A hole's live episodes as the composed summary shows them ("" if none is left).
+
+    They take what is left of ``budget`` (characters, shared by every hole of
+    the summary); past it the rest are said left out, with their count and
+    size read by the database, not fetched.
+    """
+    cursor = db.execute(
+        "SELECT seq, id, role, content, created_at, metadata FROM episodes "
+        "WHERE session_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
         (session_id, first_seq, last_seq),
-    ).fetchall()
-    if not rows:
-        return ""
-    # As the summarizer reads them: an image's base64 as a placeholder ("[image/png, 150 KB]").
-    episodes = for_summarizer([episode_from_row(row) for row in rows])
+    )
     lines = [HOLE_OPENS.format(first=first_seq, last=last_seq)]
-    chars = 0
-    for number, episode in enumerate(episodes):
+    rest_from: int | None = None
+    while rest_from is None:
+        row = cursor.fetchone()
+        if row is None:
+            break
+        # As the summarizer reads it: an image's base64 as a placeholder ("[image/png, 150 KB]").
+        (episode,) = for_summarizer([episode_from_row(row)])
         line = f"{episode.role}: {episode.content}"
-        if chars + len(line) > HOLE_SHOWN_CHARS:
-            rest = episodes[number:]
-            lines.append(
-                HOLE_LEFT_OUT.format(
-                    first=rest[0].seq,
-                    last=rest[-1].seq,
-                    count=len(rest),
-                    chars=sum(len(e.role) + 2 + len(e.content) for e in rest),
-                )
-            )
+        if len(line) > budget[0]:
+            rest_from = row[0]
             break
         lines.append(line)
-        chars += len(line)
+        budget[0] -= len(line)
+    cursor.close()
+    if rest_from is None and len(lines) == 1:
+        return ""  # every episode of the hole was deleted
+    if rest_from is not None:
+        count, chars = db.execute(
+            "SELECT count(*), coalesce(sum(length(content)), 0) FROM episodes "
+            "WHERE session_id = ? AND seq BETWEEN ? AND ?",
+            (session_id, rest_from, last_seq),
+        ).fetchone()
+        lines.append(HOLE_LEFT_OUT.format(first=rest_from, last=last_seq, count=count, chars=chars))
+        budget[0] = 0  # later holes show nothing either: the summary keeps its order
     lines.append(HOLE_CLOSES.format(first=first_seq, last=last_seq))
     return "\n".join(lines)
+
+
+def compact(summary: str) -> str:
+    """``summary`` with each hole's episodes replaced by one line saying they are left out (for the ceiling)."""
+    return _HOLE_BLOCK.sub(lambda found: HOLE_COMPACT.format(first=found["first"], last=found["last"]), summary)
 
 
 def _texts(db: Db, session_id: str, parts: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:

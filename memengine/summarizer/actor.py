@@ -238,8 +238,10 @@ class SummarizerActor:
                 for number, episode in enumerate(episodes[start:end])
             ]
             chars = sum(len(episode.content) for episode in chunk)  # (as cut)
-            if share_tokens is not None:
-                used_tokens = min(used_tokens, share_tokens)
+            if share_tokens is not None and any(
+                cut is not whole for cut, whole in zip(chunk, episodes[start:end], strict=True)
+            ):
+                used_tokens = await anyio.to_thread.run_sync(lambda: sum([count(e.content) for e in chunk]))  # noqa: B023
             previous = None if summary is None else self._fit(summary, max_chars - chars, max_tokens, used_tokens)
             summary = await self._with_retries(lambda: self._summarize(previous, chunk), attempts)  # noqa: B023
             start = end
@@ -279,7 +281,11 @@ class SummarizerActor:
             self._config.summarize_input_max_chars,
             max_tokens,
         )
-        return cut_summary(summary, keep)
+        cut = cut_summary(summary, keep)
+        while room_tokens is not None and keep > 0 and self._count_tokens(cut) > room_tokens:  # the marker's own
+            keep = keep * 9 // 10
+            cut = cut_summary(summary, keep)
+        return cut
 
     async def _with_retries(self, make: Callable[[], Awaitable[str]], attempts: list[int]) -> str:
         async def call() -> str:
