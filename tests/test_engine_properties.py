@@ -680,8 +680,10 @@ class EngineMachine(RuleBasedStateMachine):
         omitted = context.omitted  # left out for the token ceiling: said, never hidden
         left_out = [c for seq, c in self.live[session] if omitted and omitted.first_seq <= seq <= omitted.last_seq]
         assert covered(context.summary) + left_out + [e.content for e in context.episodes] == expected
-        # (The ceiling's one exception: a summary that alone passes it, as a hole's one-line note can a tiny one.)
-        alone_over = _words(context.summary or "") > (self.config.context_ceiling or 0)
+        # (The ceiling's one exception: what cannot be cut passes it alone, the summary and the note on what is
+        # left out, as with this machine's ceilings of 8 tokens: a hole's one-line note, or omitted.note itself.)
+        uncut = _words(context.summary or "") + (_words(omitted.note) if omitted is not None else 0)
+        alone_over = uncut > (self.config.context_ceiling or 0)
         assert omitted is None or (
             len(left_out) == omitted.count and (context.tokens <= self.config.context_ceiling or alone_over)
         )
