@@ -190,7 +190,7 @@ class ActivationState:
             # A segmented summary shows its holes' episodes as said (store/segments.py): over the ceiling,
             # they go first, each said left out in one line, before any episode of the window does.
             summary, summary_tokens = self._summary.compact()
-        if ceiling is not None and summary_tokens + raw_tokens > ceiling:
+        if ceiling is not None and raw and summary_tokens + raw_tokens > ceiling:
             # Past the ceiling (a summarizer lagging behind the evictions): the newest episodes that fit
             # beside the summary and the note saying what is left out (counted at its longest).
             longest = Omitted(raw[-1].seq, raw[-1].seq, len(raw), raw_tokens)  # type: ignore[arg-type]
