@@ -478,3 +478,22 @@ async def test_a_repairs_calls_keep_within_the_token_bound_too() -> None:
     await child._fold((" ".join(["x"] * 100), " ".join(["y"] * 100)), [1])
     assert len(summarizer.calls) == 3
     assert all(chars <= 300 and tokens <= 50 for chars, tokens in summarizer.calls), summarizer.calls
+
+
+async def test_a_summary_alone_over_the_ceiling_with_nothing_raw_is_returned_not_a_crash(store_url) -> None:
+    """The ceiling's one exception with an empty window: every read raised IndexError (one rolling summary too)."""
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    for segmented in (False, True):
+        config = SessionConfig(max_tokens=2, tokenizer=words, evict_to=1.0, segment_summaries=segmented)
+        with anyio.fail_after(60):  # (the crash left a waiting read waiting)
+            async with open_engine(store_url, summarizer=CountingSummarizer(), config=config) as engine:
+                session = engine.session(f"s{segmented}")
+                await session.add([Episode("user", "one two three four five six")])  # over the window: evicted
+                waited = await session.context(wait_for_summary=True)
+                context = await session.context()
+        for read in (waited, context):
+            assert covered(read.summary) == ["one two three four five six"]
+            assert read.episodes == () and read.omitted is None and read.tokens == 6  # the ceiling is 4
