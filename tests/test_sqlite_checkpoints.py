@@ -43,3 +43,34 @@ async def test_the_wal_is_copied_back_while_the_engine_runs(db_path) -> None:
     assert in_file == CHUNKS * PER_CHUNK
     # The log is started over once copied back: it stays about one chunk's size, not all of them.
     assert max(sizes) < 3 * sizes[0], sizes
+
+
+async def test_the_wal_stays_small_under_writes_that_never_pause(db_path, monkeypatch) -> None:
+    """One add right after another, never a pause: the log is still started over, not grown with every commit.
+
+    A checkpoint on a connection of its own, beside the writes, copied the log
+    back but was always behind the newest commit, so the writer never started
+    the log over: it grew by every commit's pages for as long as the writes
+    went on (and, at ``synchronous=FULL``, every commit's fsync also grew the
+    file). Written here: adds for at least 40 checkpoint delays. The log's
+    header counts how often it was started over; without that, it would hold
+    at least a page for every commit.
+    """
+    from memengine.store.sqlite import checkpoints
+
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_DELAY", 0.01)
+    config = SessionConfig(max_episodes=10_000, passivate_after=None)
+    adds = 0
+    wal = f"{db_path}-wal"
+    async with open_engine(db_path, config=config) as engine:
+        session = engine.session("s")
+        started = anyio.current_time()
+        while adds < 200 or anyio.current_time() - started < 40 * checkpoints.CHECKPOINT_DELAY:
+            await session.add([Episode("user", f"{adds} {TEXT}")])
+            adds += 1
+        wal_size = os.stat(wal).st_size
+        header = (await anyio.Path(wal).read_bytes())[:32]
+    page = 4096 + 24  # a frame: the page and its header
+    started_over = int.from_bytes(header[12:16], "big")  # the header's checkpoint sequence number
+    assert started_over >= 5, (started_over, adds)
+    assert wal_size < adds * page / 2, (wal_size, adds)

@@ -38,6 +38,9 @@ class BackendHooks:
     def _in_transaction(self) -> bool:
         raise NotImplementedError
 
+    def _upkeep(self) -> None:
+        """Work on the write connection between two transactions, in the commit thread (see Committer)."""
+
     def _interrupt(self) -> None:
         """Make the statement running in the worker thread fail soon (called from the event loop)."""
 

@@ -97,12 +97,14 @@ def new_owner_id() -> str:
 class _Running:
     """A transaction handed to the commit thread: its operations, and when (and how) it returned."""
 
-    __slots__ = ("batch", "done", "error")
+    __slots__ = ("batch", "done", "error", "upkeep")
 
-    def __init__(self, batch: list[Submission]) -> None:
+    def __init__(self, batch: list[Submission], upkeep: list[anyio.Event] | None = None) -> None:
         self.batch = batch
         self.done = Wakeup()
         self.error: BaseException | None = None
+        #: Not a transaction but the backend's upkeep between two (a WAL checkpoint), and who waits for it.
+        self.upkeep = upkeep
 
 
 class Committer(Transactions):
@@ -130,6 +132,7 @@ class Committer(Transactions):
         self._queue_filled = Wakeup()
         self._parked = False  # the committer waits for work, and a submission may start a transaction itself
         self._running: _Running | None = None  # the transaction in the thread, until its callers are answered
+        self._upkeep_waiting: list[anyio.Event] = []  # callers of _upkeep_between_transactions not yet served
         self._closing = False
         # Whether the worker thread is in a transaction, and whether closing gave up on it (then the
         # thread closes the connection itself when it returns). Guarded by _thread_state.
@@ -337,6 +340,9 @@ class Committer(Transactions):
                     "the store stopped while this operation was being committed; it may or may not be stored"
                 )
                 self._finish(submission)
+            for waiter in self._upkeep_waiting:  # no more transactions: nothing to do upkeep between
+                waiter.set()
+            self._upkeep_waiting = []
             left = [*self._urgent, *self._riders, *self._queue]
             self._urgent, self._riders, self._queue = [], [], deque()
             self._riders_due = math.inf
@@ -364,16 +370,48 @@ class Committer(Transactions):
             self._parked = False
 
     def _start_batch(self) -> None:
-        """Take the next transaction's operations and start committing them in the thread (no waiting)."""
+        """Take the next transaction's operations and start committing them in the thread (no waiting).
+
+        Upkeep asked for meanwhile goes first; its return wakes the committer for the transaction.
+        """
+        if self._upkeep_waiting and not self._closing:
+            self._start_upkeep()
+            return
         batch = self._take_batch()
         extra = self._housekeeping()
         if extra is not None:
             batch.append(Submission(extra))
         running = self._running = _Running(batch)
+        self._hand_to_thread(functools.partial(self._commit, batch), running)
+
+    def _hand_to_thread(self, work: Callable[[], None], running: _Running) -> None:
+        """Hand ``work`` (a transaction, or upkeep) to the commit thread; ``_batch_done`` hears of its return."""
         with self._thread_state:
             self._thread_busy = True
         # Abandoned only when closing gave up on an interrupted statement (see aclose).
-        self._commit_thread.start(self._commit_in_thread, (batch,), functools.partial(self._batch_done, running))
+        self._commit_thread.start(self._work_in_thread, (work,), functools.partial(self._batch_done, running))
+
+    async def _upkeep_between_transactions(self) -> None:
+        """Run the backend's upkeep (:meth:`_upkeep`) in the commit thread, between two transactions; wait for it.
+
+        For work that must not run inside a transaction, nor beside the
+        writes: SQLite's WAL checkpoint, which the writer starts the log over
+        after only if no commit came in between (sqlite/checkpoints.py). It
+        runs once the transaction in flight has answered its callers, and the
+        next one waits for it. Not while closing: the store's close does it.
+        """
+        if self._closing:
+            return
+        done = anyio.Event()
+        self._upkeep_waiting.append(done)
+        if self._running is None:
+            self._start_upkeep()
+        await done.wait()
+
+    def _start_upkeep(self) -> None:
+        waiting, self._upkeep_waiting = self._upkeep_waiting, []
+        running = self._running = _Running([], waiting)
+        self._hand_to_thread(self._upkeep, running)
 
     def _batch_done(self, running: _Running, _: object, error: BaseException | None) -> None:
         """A transaction has returned (a callback on the event loop): answer its callers now.
@@ -386,13 +424,26 @@ class Committer(Transactions):
             return
         running.error = error
         try:
-            if error is None:
+            if running.upkeep is not None:
+                self._upkeep_done(running, error)
+            elif error is None:
                 self._answer_batch(running)
         finally:
+            if self._running is None and self._upkeep_waiting and not self._closing:
+                self._start_upkeep()  # its callers are answered: the next transaction waits for the upkeep
             running.done.set()  # after the callers: their tasks run first
             if error is not None or self._queue or self._urgent or self._closing:
                 # A committer parked during a transaction started by a submission (see _enqueue) has work now.
                 self._queue_filled.set()
+
+    def _upkeep_done(self, running: _Running, error: BaseException | None) -> None:
+        self._running = None
+        running.error = None  # nothing to answer, nothing to abandon: the committer goes on
+        if error is not None:
+            # Not fatal (the SQLite WAL grows until a later checkpoint copies it): say so, and go on.
+            log.warning("the store's upkeep between transactions failed: %r", error)
+        for waiter in running.upkeep or ():
+            waiter.set()
 
     def _answer_batch(self, running: _Running) -> None:
         """The transaction is over (committed, or failed and abandoned): answer each of its operations."""
@@ -413,9 +464,9 @@ class Committer(Transactions):
         if submission.finished is not None:
             submission.finished.set()
 
-    def _commit_in_thread(self, batch: list[Submission]) -> None:
+    def _work_in_thread(self, work: Callable[[], None]) -> None:
         try:
-            self._commit(batch)
+            work()
         finally:
             with self._thread_state:
                 self._thread_busy = False

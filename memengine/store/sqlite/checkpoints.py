@@ -1,4 +1,4 @@
-"""WAL checkpoints beside the committer, never inside one of its commits.
+"""WAL checkpoints between the commits, never inside one of them, nor beside them.
 
 In WAL mode, SQLite copies the log back into the database file (a
 checkpoint, with an fsync of the file) by default in the commit that takes
@@ -7,20 +7,28 @@ waiting on it, took several milliseconds more. Measured with
 ``benchmarks/add_under_slow_summary.py -n 8 -m 1 --readers 2 -l 2``: those
 commits were the add latency's p99 (6.5-7 ms against 2.3-2.8 ms without).
 
-So the writer connection does not checkpoint (``wal_autocheckpoint = 0``);
-a connection of its own does, in a thread, a fifth of a second after the
-first commit since its last checkpoint. ``PASSIVE`` never waits for readers
-or writers: it copies what no reader still needs, and the writer starts the
-log over once all of it was copied. Other processes on the same file
+So the writer connection does not checkpoint inside a commit
+(``wal_autocheckpoint = 0``); a fifth of a second after the first commit
+since the last checkpoint, the store's commit thread runs one between two
+transactions: once the transaction in flight has answered its callers, and
+before the next begins (``Committer._upkeep_between_transactions``).
+``PASSIVE`` waits for no reader: it copies what no reader still needs, and
+the next transaction starts the log over once all of it was copied.
+
+Not on a connection of its own, beside the commits: SQLite starts the log
+over only if nothing was committed after the checkpoint began, so under
+writes that never paused (one add right after another) the log was never
+started over; it grew by every commit's pages for as long as they went on,
+and at ``synchronous=FULL`` every commit's fsync then also grew the file,
+which made it cost about twice as much. Other processes on the same file
 checkpoint as they are configured; the last connection to close checkpoints
 whatever is left (SQLite does that on its own).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import sqlite3
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -29,21 +37,16 @@ log = logging.getLogger("memengine.store")
 #: Seconds between a commit and the checkpoint that follows it.
 CHECKPOINT_DELAY = 0.2
 
+#: What the checkpoint is (run on the write connection, between two transactions).
+CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
+
 
 class Checkpointer:
-    """Checkpoints one SQLite file's WAL, on a connection of its own, when commits happened."""
+    """Asks for a checkpoint of one SQLite file's WAL when commits happened, a moment after the first."""
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._conn: sqlite3.Connection | None = None
+    def __init__(self, checkpoint: Callable[[], Awaitable[None]]) -> None:
+        self._checkpoint = checkpoint  # runs it between two transactions, and returns once it ran
         self._dirty = anyio.Event()
-        self._slot = anyio.CapacityLimiter(1)
-
-    def open(self) -> None:
-        """Open the connection (in a thread, before the store serves)."""
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 100")
-        self._conn = conn
 
     def committed(self) -> None:
         """A commit happened (called on the event loop): a checkpoint follows soon."""
@@ -55,18 +58,4 @@ class Checkpointer:
             await self._dirty.wait()
             await anyio.sleep(CHECKPOINT_DELAY)
             self._dirty = anyio.Event()  # commits from now on call for the next one
-            try:
-                await anyio.to_thread.run_sync(self._checkpoint, limiter=self._slot)
-            except Exception as exc:
-                # Not fatal: the log grows until a later checkpoint (or the last close) copies it.
-                log.warning("a WAL checkpoint failed (%s); tried again after the next commit", exc)
-
-    def _checkpoint(self) -> None:
-        assert self._conn is not None
-        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-
-    def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
+            await self._checkpoint()  # (a failure is logged by the committer; the log grows until the next)

@@ -34,7 +34,7 @@ from ..open_errors import driver_error, sqlite_open_failed
 from ..operations import GroupCommitStore
 from ..submission import Operation
 from . import readonly, recall
-from .checkpoints import Checkpointer
+from .checkpoints import CHECKPOINT, Checkpointer
 from .connection import BUSY_TIMEOUT, connect, is_busy
 from .schema import migrate
 
@@ -68,10 +68,6 @@ class SQLiteStore(GroupCommitStore):
         if self._checkpointer is not None:
             await self._checkpointer.run()
 
-    def _close_side_work(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.close()
-
     def _committed(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.committed()
@@ -96,6 +92,9 @@ class SQLiteStore(GroupCommitStore):
 
     def _in_transaction(self) -> bool:
         return bool(self._conn.in_transaction)
+
+    def _upkeep(self) -> None:
+        self._conn.execute(CHECKPOINT).fetchall()  # between two transactions (sqlite/checkpoints.py)
 
     def _interrupt(self) -> None:
         self._conn.interrupt()  # safe from any thread: the running statement fails with "interrupted"
@@ -213,10 +212,8 @@ async def open_sqlite_store(
                 reader = connect(path, busy_timeout)
                 reader.execute("PRAGMA query_only = ON")
                 store._reader = reader
-                # Checkpoints run beside the commits, not in them (sqlite/checkpoints.py).
-                checkpointer = Checkpointer(path)
-                checkpointer.open()
-                store._checkpointer = checkpointer
+                # Checkpoints run between the commits, not in them (sqlite/checkpoints.py).
+                store._checkpointer = Checkpointer(store._upkeep_between_transactions)
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
         except (sqlite3.Error, StoreError) as exc:
             raise sqlite_open_failed(path, exc) from driver_error(exc)
