@@ -300,8 +300,9 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig, snapshot: 
             break
     else:
         # The usual case: nothing to refuse, no metadata to snapshot, but the caller's empty dicts
-        # are not shared with the session either (handed_out copies them).
-        return handed_out(batch)
+        # are not shared with the session either (handed_out copies them). Private metadata is
+        # this add's alone: not copied (a deep copy of every adapter item, for nothing).
+        return handed_out(batch) if snapshot else batch
     checked = []
     for episode in batch:
         if len(episode.content) > config.max_content_chars:
@@ -325,7 +326,7 @@ def _checked_batch(batch: tuple[Episode, ...], config: SessionConfig, snapshot: 
                 metadata,
                 episode.seq,  # type: ignore[arg-type]
             )
-        else:
+        elif snapshot:
             (episode,) = handed_out((episode,))  # its empty dict is the caller's, not the session's
         checked.append(episode)
     return tuple(checked)

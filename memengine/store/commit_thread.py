@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ..actor.wakeup import Wakeup, call_soon_from_thread
+from ..actor.wakeup import Wakeup, call_soon_from_thread, current_loop
 
 T = TypeVar("T")
 log = logging.getLogger("memengine.store")
@@ -62,6 +62,8 @@ class CommitThread:
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._pid = 0  # the process that started the thread: a forked child has no such thread, and starts its own
+        self._loop: object = None  # the event loop that last gave a job, and how to call into it from the thread
+        self._call_soon: Callable[..., object] = _no_loop
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """Run ``function(*args)`` in the thread; return its result, or raise what it raised."""
@@ -92,7 +94,10 @@ class CommitThread:
         """
         if self._thread is None or self._pid != os.getpid():
             self._start()
-        self._jobs.put(_Job(function, args, call_soon_from_thread(), answer))
+        loop = current_loop()
+        if loop is not self._loop:  # (asked once per loop, not per job: it makes a context and a function)
+            self._loop, self._call_soon = loop, call_soon_from_thread()
+        self._jobs.put(_Job(function, args, self._call_soon, answer))
 
     def stop(self) -> None:
         """Let the thread end once the jobs already given have run (it is not waited for)."""
@@ -102,9 +107,14 @@ class CommitThread:
 
     def _start(self) -> None:
         self._jobs = queue.SimpleQueue()  # after a fork: jobs queued in the parent are the parent's
+        self._loop, self._call_soon = None, _no_loop
         self._pid = os.getpid()
         self._thread = threading.Thread(target=_serve, args=(self._jobs,), name=self._name, daemon=True)
         self._thread.start()
+
+
+def _no_loop(function: Callable[..., object], *args: Any) -> object:
+    raise RuntimeError("no event loop gave this job")
 
 
 def _serve(jobs: queue.SimpleQueue[_Job[Any] | None]) -> None:
