@@ -1,4 +1,4 @@
-"""WAL checkpoints between the commits, never inside one of them, nor beside them.
+"""WAL checkpoints beside the commits and then, briefly, between two of them; never inside one.
 
 In WAL mode, SQLite copies the log back into the database file (a
 checkpoint, with an fsync of the file) by default in the commit that takes
@@ -7,27 +7,29 @@ waiting on it, took several milliseconds more. Measured with
 ``benchmarks/add_under_slow_summary.py -n 8 -m 1 --readers 2 -l 2``: those
 commits were the add latency's p99 (6.5-7 ms against 2.3-2.8 ms without).
 
-So the writer connection does not checkpoint inside a commit
-(``wal_autocheckpoint = 0``); a fifth of a second after the first commit
-since the last checkpoint, the store's commit thread runs one between two
-transactions: once the transaction in flight has answered its callers, and
-before the next begins (``Committer._upkeep_between_transactions``).
-``PASSIVE`` waits for no reader: it copies what no reader still needs, and
-the next transaction starts the log over once all of it was copied.
-
-Not on a connection of its own, beside the commits: SQLite starts the log
-over only if nothing was committed after the checkpoint began, so under
-writes that never paused (one add right after another) the log was never
-started over; it grew by every commit's pages for as long as they went on,
-and at ``synchronous=FULL`` every commit's fsync then also grew the file,
-which made it cost about twice as much. Other processes on the same file
+So the writer connection does not checkpoint (``wal_autocheckpoint = 0``).
+A fifth of a second after the first commit since the last checkpoint, a
+connection of its own copies the log back, in a thread, beside the commits
+(``PASSIVE`` waits for no reader or writer: it copies what no reader still
+needs). That is most of the work (5-8 ms at ``synchronous=NORMAL``, where it
+also syncs the log and the file). But SQLite starts the log over only when
+a write transaction begins with all of the log copied back, and under
+writes that never pause a commit always came in meanwhile: the log was never
+started over, and grew by every commit's pages for as long as the writes
+went on (at ``synchronous=FULL`` each commit's fsync then also grew the
+file). So a second ``PASSIVE`` checkpoint follows, in the store's commit
+thread, between two transactions (``Committer._upkeep_between_transactions``):
+it copies only the few pages committed during the first, and the next
+transaction starts the log over. Other processes on the same file
 checkpoint as they are configured; the last connection to close checkpoints
 whatever is left (SQLite does that on its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -37,16 +39,25 @@ log = logging.getLogger("memengine.store")
 #: Seconds between a commit and the checkpoint that follows it.
 CHECKPOINT_DELAY = 0.2
 
-#: What the checkpoint is (run on the write connection, between two transactions).
+#: The checkpoint, both beside the commits and between two of them.
 CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
 
 
 class Checkpointer:
-    """Asks for a checkpoint of one SQLite file's WAL when commits happened, a moment after the first."""
+    """Checkpoints one SQLite file's WAL when commits happened, a moment after the first."""
 
-    def __init__(self, checkpoint: Callable[[], Awaitable[None]]) -> None:
-        self._checkpoint = checkpoint  # runs it between two transactions, and returns once it ran
+    def __init__(self, path: str, between_commits: Callable[[], Awaitable[None]]) -> None:
+        self._path = path
+        self._between_commits = between_commits  # the checkpoint again, between two transactions; returns once run
+        self._conn: sqlite3.Connection | None = None
         self._dirty = anyio.Event()
+        self._slot = anyio.CapacityLimiter(1)
+
+    def open(self) -> None:
+        """Open the connection (in a thread, before the store serves)."""
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 100")
+        self._conn = conn
 
     def committed(self) -> None:
         """A commit happened (called on the event loop): a checkpoint follows soon."""
@@ -58,4 +69,20 @@ class Checkpointer:
             await self._dirty.wait()
             await anyio.sleep(CHECKPOINT_DELAY)
             self._dirty = anyio.Event()  # commits from now on call for the next one
-            await self._checkpoint()  # (a failure is logged by the committer; the log grows until the next)
+            try:
+                await anyio.to_thread.run_sync(self._checkpoint, limiter=self._slot)
+            except Exception as exc:
+                # Not fatal: the log grows until a later checkpoint (or the last close) copies it.
+                log.warning("a WAL checkpoint failed (%s); tried again after the next commit", exc)
+                continue
+            await self._between_commits()  # (a failure there is logged by the committer)
+
+    def _checkpoint(self) -> None:
+        assert self._conn is not None
+        self._conn.execute(CHECKPOINT).fetchall()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None

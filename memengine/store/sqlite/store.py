@@ -68,6 +68,10 @@ class SQLiteStore(GroupCommitStore):
         if self._checkpointer is not None:
             await self._checkpointer.run()
 
+    def _close_side_work(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+
     def _committed(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.committed()
@@ -212,8 +216,10 @@ async def open_sqlite_store(
                 reader = connect(path, busy_timeout)
                 reader.execute("PRAGMA query_only = ON")
                 store._reader = reader
-                # Checkpoints run between the commits, not in them (sqlite/checkpoints.py).
-                store._checkpointer = Checkpointer(store._upkeep_between_transactions)
+                # Checkpoints run beside and between the commits, not in them (sqlite/checkpoints.py).
+                checkpointer = Checkpointer(path, store._upkeep_between_transactions)
+                checkpointer.open()
+                store._checkpointer = checkpointer
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
         except (sqlite3.Error, StoreError) as exc:
             raise sqlite_open_failed(path, exc) from driver_error(exc)
