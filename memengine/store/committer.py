@@ -161,8 +161,9 @@ class Committer(Transactions):
         submission.urgent = urgent
         (self._urgent if urgent else self._queue).append(submission)
         if self._parked and self._running is None and not self._aborted and self._commit_thread.started:
-            # An idle store: the transaction starts now, from the submitter's task, not a task switch
-            # later; the committer stays parked (its callback wakes the committer if more comes meanwhile).
+            # An idle store: the transaction (or upkeep asked for, see _start_batch) starts now, from the
+            # submitter's task, not a task switch later; the committer stays parked (its callback wakes
+            # the committer if more comes meanwhile).
             # (Only a thread already running: starting one may fail, and that is the committer's to meet.)
             self._start_batch()
         elif self._parked and self._running is None:
@@ -331,6 +332,8 @@ class Committer(Transactions):
                         log.error("a store transaction failed unexpectedly", exc_info=running.error)
                         await self._commit_thread.run(self._abandon, running.batch, running.error)
                         self._answer_batch(running)
+                        if self._running is None and self._upkeep_waiting and not self._closing:
+                            self._start_upkeep()  # asked for meanwhile: between this transaction and the next
         finally:
             # Stopped early (an interrupted close): nobody may wait for ever.
             running, self._running = self._running, None
@@ -340,7 +343,8 @@ class Committer(Transactions):
                     "the store stopped while this operation was being committed; it may or may not be stored"
                 )
                 self._finish(submission)
-            for waiter in self._upkeep_waiting:  # no more transactions: nothing to do upkeep between
+            # No more transactions: nothing to do upkeep between (nor to wait for one left running).
+            for waiter in [*self._upkeep_waiting, *(running.upkeep or () if running is not None else ())]:
                 waiter.set()
             self._upkeep_waiting = []
             left = [*self._urgent, *self._riders, *self._queue]
@@ -429,12 +433,12 @@ class Committer(Transactions):
             elif error is None:
                 self._answer_batch(running)
         finally:
-            if self._running is None and self._upkeep_waiting and not self._closing:
-                self._start_upkeep()  # its callers are answered: the next transaction waits for the upkeep
             running.done.set()  # after the callers: their tasks run first
             if error is not None or self._queue or self._urgent or self._closing:
                 # A committer parked during a transaction started by a submission (see _enqueue) has work now.
                 self._queue_filled.set()
+            if self._running is None and self._upkeep_waiting and not self._closing:
+                self._start_upkeep()  # its callers are answered: the next transaction waits for the upkeep
 
     def _upkeep_done(self, running: _Running, error: BaseException | None) -> None:
         self._running = None

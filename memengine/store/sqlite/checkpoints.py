@@ -17,12 +17,19 @@ a write transaction begins with all of the log copied back, and under
 writes that never pause a commit always came in meanwhile: the log was never
 started over, and grew by every commit's pages for as long as the writes
 went on (at ``synchronous=FULL`` each commit's fsync then also grew the
-file). So a second ``PASSIVE`` checkpoint follows, in the store's commit
-thread, between two transactions (``Committer._upkeep_between_transactions``):
-it copies only the few pages committed during the first, and the next
-transaction starts the log over. Other processes on the same file
-checkpoint as they are configured; the last connection to close checkpoints
-whatever is left (SQLite does that on its own).
+file). So when the first copied all of the log it found, a second
+``PASSIVE`` checkpoint follows, in the store's commit thread, between two
+transactions (``Committer._upkeep_between_transactions``): it copies only
+the few pages committed during the first, and the next transaction starts
+the log over.
+
+That takes a moment with no reader on the file still reading from the log
+as it was before the checkpoint, and no other process's commit in between.
+Reads that never pause (a recall right after another) or another process
+writing to the same file without pause can still keep the log from being
+started over, as before; it then grows until they pause. Other processes on
+the same file checkpoint as they are configured; the last connection to
+close checkpoints whatever is left (SQLite does that on its own).
 """
 
 from __future__ import annotations
@@ -70,16 +77,21 @@ class Checkpointer:
             await anyio.sleep(CHECKPOINT_DELAY)
             self._dirty = anyio.Event()  # commits from now on call for the next one
             try:
-                await anyio.to_thread.run_sync(self._checkpoint, limiter=self._slot)
+                copied_all = await anyio.to_thread.run_sync(self._checkpoint, limiter=self._slot)
             except Exception as exc:
                 # Not fatal: the log grows until a later checkpoint (or the last close) copies it.
                 log.warning("a WAL checkpoint failed (%s); tried again after the next commit", exc)
                 continue
-            await self._between_commits()  # (a failure there is logged by the committer)
+            if copied_all:
+                # Only then: with a reader holding back most of the log, the commits would wait for
+                # the whole of it to be copied once the reader lets go, not for the few pages since.
+                await self._between_commits()  # (a failure there is logged by the committer)
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self) -> bool:
+        """Checkpoint on this connection; whether it copied all of the log it found (no reader held it back)."""
         assert self._conn is not None
-        self._conn.execute(CHECKPOINT).fetchall()
+        busy, pages, copied = self._conn.execute(CHECKPOINT).fetchone()
+        return not busy and pages == copied
 
     def close(self) -> None:
         if self._conn is not None:
