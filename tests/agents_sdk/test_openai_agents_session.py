@@ -464,6 +464,39 @@ async def test_get_items_returns_fresh_copies(tmp_path: Path) -> None:
         assert await session.get_items() == expected
 
 
+def _containers(value: Any) -> list[Any]:
+    """Every dict and list inside ``value`` (itself included)."""
+    found: list[Any] = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            found.append(item)
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            if isinstance(item, list):
+                found.append(item)
+            pending.extend(item)
+    return found
+
+
+@pytest.mark.parametrize("limit", [None, 3])
+async def test_get_items_shares_no_dict_or_list_with_what_the_session_holds(tmp_path: Path, limit: int | None) -> None:
+    """Not one container of what get_items returns is the session's own, for every item shape, large items too.
+
+    (Rendered from the session's episodes without copying them first: what the rendering returns must be built anew.)
+    """
+    config = SessionConfig(max_episodes=10_000, max_chars=10_000_000, max_metadata_bytes=400)
+    async with open_engine(tmp_path / "m.db", config=config) as engine:
+        session = MemEngineSession(engine, "s")
+        await session.add_items(ITEMS)  # a few are larger than 400 bytes: kept as JSON in the content
+        items = await session.get_items(limit)
+        assert items
+        held = engine._actors["s"]._window.raw  # the session's own episodes
+        own = {id(container) for episode in held for container in _containers(episode.metadata)}
+        assert not [container for container in _containers(items) if id(container) in own]
+
+
 async def test_get_items_leaves_out_the_reasoning_before_a_call_it_leaves_out(tmp_path: Path) -> None:
     # A reasoning model's turn (reasoning, then its call); the call's output was deleted and the
     # conversation went on. The call is left out, and its reasoning with it: the Responses API refuses
