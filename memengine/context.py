@@ -99,19 +99,28 @@ class Context:
         """This context as one caller gets it: with copies of its own (several callers may get one read)."""
         return attrs.evolve(self)
 
+    def _rendered(self) -> Rendered:
+        """What rendering reads of this context, its episodes not copied first.
+
+        Every rendering builds what it returns anew (a stored message or item
+        as a JSON copy, the rest new dicts of strings), so copying the
+        episodes first would copy each of them twice per rendering.
+        """
+        return Rendered(self.summary, self._episodes, self.omitted)
+
     def to_openai_chat(self) -> list[dict[str, Any]]:
         """OpenAI Chat Completions ``messages``: the summary as the first ``system`` message, then the episodes.
 
         A valid request prefix: every tool result follows its call. See :mod:`memengine.rendering`.
         """
-        return rendering.to_openai_chat(self)
+        return rendering.to_openai_chat(self._rendered())
 
     def to_openai_responses(self) -> list[dict[str, Any]]:
         """OpenAI Responses ``input`` items: the summary as the first ``system`` message, then the episodes.
 
         A valid request prefix: every ``function_call_output`` follows its call. See :mod:`memengine.rendering`.
         """
-        return rendering.to_openai_responses(self)
+        return rendering.to_openai_responses(self._rendered())
 
     def to_anthropic(self) -> dict[str, Any]:
         """Anthropic Messages arguments ``{"system": ..., "messages": [...]}``, the summary in ``system``.
@@ -121,7 +130,16 @@ class Context:
         prefix: every ``tool_result`` is in the user message right after its
         ``tool_use``. See :mod:`memengine.rendering`.
         """
-        return rendering.to_anthropic(self)
+        return rendering.to_anthropic(self._rendered())
+
+
+@attrs.frozen
+class Rendered:
+    """What rendering reads of a context (``rendering.Renderable``), its episodes as the session holds them."""
+
+    summary: str | None
+    episodes: tuple[Episode, ...]
+    omitted: Omitted | None
 
 
 def handed_out(episodes: tuple[Episode, ...]) -> tuple[Episode, ...]:

@@ -149,12 +149,34 @@ def check_anthropic(request: dict[str, Any], calls_made: dict[str, set[tuple[str
 def check_everywhere(context: Context, calls_made: dict[str, set[tuple[str, str]]], texts: set[str]) -> None:
     chat = context.to_openai_chat()
     check_chat(chat, calls_made)
-    check_responses(context.to_openai_responses(), calls_made)
-    check_anthropic(context.to_anthropic(), calls_made)
+    responses = context.to_openai_responses()
+    check_responses(responses, calls_made)
+    anthropic = context.to_anthropic()
+    check_anthropic(anthropic, calls_made)
+    # Rendered from the context's episodes uncopied: not one dict or list of a rendering may be one of theirs.
+    held = {id(container) for episode in context._episodes for container in containers(episode.metadata)}
+    for rendering in (chat, responses, anthropic):
+        assert not [container for container in containers(rendering) if id(container) in held], rendering
     shown = {message["content"] for message in chat if isinstance(message.get("content"), str)}
     for episode in context.episodes:
         if episode.content in texts:
             assert episode.content in shown, f"text {episode.content!r} was lost: {chat}"
+
+
+def containers(value: Any) -> list[Any]:
+    """Every dict and list inside ``value`` (itself included)."""
+    found: list[Any] = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            found.append(item)
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            if isinstance(item, list):
+                found.append(item)
+            pending.extend(item)
+    return found
 
 
 # -- histories ------------------------------------------------------------------------------------

@@ -95,7 +95,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import rendering
-from ..context import Omitted
 from ..episode import Episode, encode_json, with_private_metadata
 from ..episode_shapes import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY, json_copy
 from ..limits import MAX_ROLE_CHARS
@@ -179,10 +178,7 @@ class MemEngineSession:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
         context = await self._call(self._session.context)
-        # Rendered from the episodes themselves, not from the context's copies of them: what the rendering
-        # returns is built anew (a stored item is a JSON copy, the rest new dicts of strings), so copying
-        # every episode first would copy each item twice per read.
-        view = _View(context.summary, context._episodes, context.omitted)
+        view = context._rendered()  # (not copied first: the rendering's items are built anew)
         if limit is None:
             return rendering.to_openai_responses(view)
         if limit <= 0:
@@ -272,15 +268,6 @@ class MemEngineSession:
 
                 return await asyncio.wrap_future(future)
         return await method(*args)
-
-
-@attrs.frozen
-class _View:
-    """What rendering reads of a context (``rendering.Renderable``), its episodes as the session holds them."""
-
-    summary: str | None
-    episodes: tuple[Episode, ...]
-    omitted: Omitted | None
 
 
 def _item_of(episode: Episode) -> dict[str, Any]:

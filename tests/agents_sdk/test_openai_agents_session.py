@@ -17,6 +17,7 @@ from memengine import SessionConfig, open_engine
 from memengine.integrations.openai_agents import ITEM_IN_CONTENT_KEY, SUMMARY_PREFIX, MemEngineSession
 from memengine.tool_calls import CALLS_KEY, RESULT_OF_KEY
 from tests.fakes import GatedSummarizer, RecordingSink
+from tests.test_rendering_properties import containers
 
 pytestmark = pytest.mark.anyio
 
@@ -464,22 +465,6 @@ async def test_get_items_returns_fresh_copies(tmp_path: Path) -> None:
         assert await session.get_items() == expected
 
 
-def _containers(value: Any) -> list[Any]:
-    """Every dict and list inside ``value`` (itself included)."""
-    found: list[Any] = []
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            found.append(item)
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            if isinstance(item, list):
-                found.append(item)
-            pending.extend(item)
-    return found
-
-
 @pytest.mark.parametrize("limit", [None, 3])
 async def test_get_items_shares_no_dict_or_list_with_what_the_session_holds(tmp_path: Path, limit: int | None) -> None:
     """Not one container of what get_items returns is the session's own, for every item shape, large items too.
@@ -493,8 +478,8 @@ async def test_get_items_shares_no_dict_or_list_with_what_the_session_holds(tmp_
         items = await session.get_items(limit)
         assert items
         held = engine._actors["s"]._window.raw  # the session's own episodes
-        own = {id(container) for episode in held for container in _containers(episode.metadata)}
-        assert not [container for container in _containers(items) if id(container) in own]
+        own = {id(container) for episode in held for container in containers(episode.metadata)}
+        assert not [container for container in containers(items) if id(container) in own]
 
 
 async def test_get_items_leaves_out_the_reasoning_before_a_call_it_leaves_out(tmp_path: Path) -> None:
