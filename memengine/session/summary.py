@@ -39,7 +39,7 @@ from ..summarizer.actor import (
     SummarizeBatch,
     SummarizerActor,
     cut_episode,
-    cut_summary,
+    fit_summary,
 )
 from ..tokens import Tokenizer
 from .messages import SummaryFailed, SummaryStored
@@ -202,16 +202,9 @@ class SessionSummary:
         if text is None:
             return None
         room_tokens = None if input_tokens is None else input_tokens - batch_tokens
-        if len(text) <= room_chars and (room_tokens is None or self.tokens <= room_tokens):
+        cut = fit_summary(text, self.tokens, room_chars, room_tokens, self._count_tokens)
+        if cut is text:
             return text
-        keep = room_chars
-        if room_tokens is not None and self.tokens > room_tokens:
-            keep = min(keep, len(text) * room_tokens // max(self.tokens, 1))  # by the summary's own density
-        cut = cut_summary(text, keep)
-        if room_tokens is not None:
-            while keep > 0 and self._count_tokens(cut) > room_tokens:  # the marker's own tokens
-                keep = keep * 9 // 10
-                cut = cut_summary(text, keep)
         log.log(
             logging.DEBUG if self._summary_cut_logged else logging.WARNING,
             "session %r: the previous summary (%d characters) does not fit beside the %d episode(s) of this "

@@ -267,11 +267,9 @@ class SummarizerActor:
         """``summary`` within ``room_chars`` characters (and ``max_tokens - used_tokens`` tokens): whole, or cut."""
         room_tokens = None if max_tokens is None else max(max_tokens - used_tokens, 0)
         tokens = None if room_tokens is None else self._count_tokens(summary)
-        if len(summary) <= room_chars and (tokens is None or room_tokens is None or tokens <= room_tokens):
+        cut = fit_summary(summary, tokens, room_chars, room_tokens, self._count_tokens)
+        if cut is summary:
             return summary
-        keep = max(room_chars, 0)
-        if tokens is not None and room_tokens is not None and tokens > room_tokens:
-            keep = min(keep, len(summary) * room_tokens // max(tokens, 1))  # by the summary's own density
         log.warning(
             "session %r: a summary of %d characters does not fit its share of a summarizer call "
             "(summarize_input_max_chars=%d, summarize_input_max_tokens=%s); it is given cut, its middle left out "
@@ -281,10 +279,6 @@ class SummarizerActor:
             self._config.summarize_input_max_chars,
             max_tokens,
         )
-        cut = cut_summary(summary, keep)
-        while room_tokens is not None and keep > 0 and self._count_tokens(cut) > room_tokens:  # the marker's own
-            keep = keep * 9 // 10
-            cut = cut_summary(summary, keep)
         return cut
 
     async def _with_retries(self, make: Callable[[], Awaitable[str]], attempts: list[int]) -> str:
@@ -410,6 +404,27 @@ def cut_summary(text: str, keep: int) -> str:
     tail = shown - head
     marker = SUMMARY_CUT_MARKER.format(left_out=len(text) - shown, total=len(text))
     return text[:head] + marker + text[len(text) - tail :]
+
+
+def fit_summary(
+    text: str, tokens: int | None, room_chars: int, room_tokens: int | None, count_tokens: Callable[[str], int]
+) -> str:
+    """``text`` itself if it fits ``room_chars`` characters and ``room_tokens`` tokens, else cut (:func:`cut_summary`).
+
+    ``tokens`` is the text's own count (needed only with ``room_tokens``). A
+    text over the token room is cut by its own density, then shorter still
+    while the marker's own tokens pass it.
+    """
+    keep = room_chars
+    if room_tokens is not None and tokens is not None and tokens > room_tokens:
+        keep = min(keep, len(text) * room_tokens // max(tokens, 1))  # by the summary's own density
+    elif len(text) <= room_chars:
+        return text
+    cut = cut_summary(text, keep)
+    while room_tokens is not None and keep > 0 and count_tokens(cut) > room_tokens:  # the marker's own tokens
+        keep = keep * 9 // 10
+        cut = cut_summary(text, keep)
+    return cut
 
 
 def cut_episode(episode: Episode, chars: int, tokens: int, max_chars: int, max_tokens: int | None) -> Episode:
