@@ -47,7 +47,7 @@ from ..attachments import for_summarizer
 from . import leases
 from .base import Composed, SegmentRepair, SegmentState
 from .dialect import Db
-from .rows import episode_from_row
+from .rows import EPISODE_COLUMNS, episode_from_row
 
 #: Between the texts of the nodes a composed summary is made of.
 PART_SEPARATOR = "\n\n"
@@ -93,9 +93,7 @@ def _tiled(db: Db, session_id: str) -> tuple[dict[tuple[int, int], _Node], list[
     folded yet, or above a hole), its children in its place, and so on: a few
     point reads per level, however long the session.
     """
-    (last,) = db.execute(
-        "SELECT max(idx) FROM summary_segments WHERE session_id = ? AND level = 0", (session_id,)
-    ).fetchone()
+    last = _last_leaf(db, session_id)
     if last is None:
         return None
     leaves = last + 1
@@ -118,6 +116,14 @@ def _tiled(db: Db, session_id: str) -> tuple[dict[tuple[int, int], _Node], list[
             elif level > 0:  # not folded yet, or above a hole: its children stand in its place
                 parts.extend([(level - 1, 2 * index), (level - 1, 2 * index + 1)])
         wanted = parts
+
+
+def _last_leaf(db: Db, session_id: str) -> int | None:
+    """The index of the session's newest leaf; None if it has none (it is not segmented)."""
+    (last,) = db.execute(
+        "SELECT max(idx) FROM summary_segments WHERE session_id = ? AND level = 0", (session_id,)
+    ).fetchone()
+    return last  # type: ignore[no-any-return]
 
 
 def _read(db: Db, session_id: str, wanted: Sequence[tuple[int, int]]) -> dict[tuple[int, int], _Node]:
@@ -227,8 +233,7 @@ def _hole(db: Db, session_id: str, first_seq: int, last_seq: int, budget: list[i
     size read by the database, not fetched.
     """
     cursor = db.execute(
-        "SELECT seq, id, role, content, created_at, metadata FROM episodes "
-        "WHERE session_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+        f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE session_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
         (session_id, first_seq, last_seq),
     )
     lines = [HOLE_OPENS.format(first=first_seq, last=last_seq)]
@@ -392,9 +397,7 @@ def invalidate(db: Db, session_id: str, deleted: Sequence[int]) -> bool:
     Reads only the leaves from the one holding the first deleted seq to the
     one holding the last.
     """
-    (last,) = db.execute(
-        "SELECT max(idx) FROM summary_segments WHERE session_id = ? AND level = 0", (session_id,)
-    ).fetchone()
+    last = _last_leaf(db, session_id)
     if last is None:
         return False
     ordered = sorted(deleted)
