@@ -31,6 +31,11 @@ async def _until(condition: Any) -> None:
             await anyio.sleep(0.005)
 
 
+async def _ask_for_upkeep(store: Any, returned: anyio.Event) -> None:
+    await store._upkeep_between_transactions()
+    returned.set()
+
+
 def _write(db: Any) -> None:
     db.execute("CREATE TABLE IF NOT EXISTS probe (x)")
     db.execute("INSERT INTO probe VALUES (1)")
@@ -69,14 +74,10 @@ async def test_upkeep_asked_for_during_a_transaction_that_fails_unexpectedly_run
             with pytest.raises(Exception, match="unexpected failure"):
                 await store._submit(failing)
 
-        async def ask_for_upkeep() -> None:
-            await store._upkeep_between_transactions()
-            upkept.set()
-
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(submit_failing)
             await _until(in_commit.is_set)
-            tasks.start_soon(ask_for_upkeep)
+            tasks.start_soon(_ask_for_upkeep, store, upkept)
             await _until(lambda: store._upkeep_waiting)
             release.set()
             with anyio.fail_after(DEADLINE):  # before: only the next write ran it
@@ -99,12 +100,8 @@ async def test_closing_that_gives_up_on_an_upkeep_lets_its_waiter_go(db_path, mo
         async with open_sqlite_store(str(db_path)) as store:
             await store._submit(_write)
 
-            async def ask_for_upkeep() -> None:
-                await store._upkeep_between_transactions()
-                let_go.set()
-
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(ask_for_upkeep)
+                tasks.start_soon(_ask_for_upkeep, store, let_go)
                 await _until(in_upkeep.is_set)
                 assert not await store.aclose(grace=0.0)  # gave up on the thread: not everything ran
                 with anyio.fail_after(DEADLINE):  # before: it waited for ever
