@@ -132,24 +132,54 @@ def _in_metadata(metadata: Mapping[str, Any]) -> list[DataUrl]:
     Also base64 sources without a URL: Anthropic's ``{"type": "base64",
     "media_type": ..., "data": ...}`` and OpenAI's ``input_audio``
     ``{"data": ..., "format": "wav"}`` (found in their place, not inside).
+
+    Runs for every episode with metadata as it enters a window, and again as
+    the summarizer reads it: one pass over each container's values, depth
+    first, with JSON's own types checked by ``type`` (no call per value).
     """
     found: list[DataUrl] = []
-    pending: list[Any] = [metadata]
-    while pending:
-        value = pending.pop()
-        kind = type(value)
-        if kind is str or (kind is not dict and kind is not list and isinstance(value, str)):
-            if _MARKER in value:
-                found.extend(data_urls(value))
-        elif kind is dict or isinstance(value, Mapping):  # (JSON's own types skip the slower checks)
-            source = _base64_source(value)
-            if source is not None:
-                found.append(source)
-                continue
-            pending.extend(reversed(list(value.values())))
-        elif kind is list or isinstance(value, (list, tuple)):
-            pending.extend(reversed(value))
+    source = _base64_source(metadata) if "data" in metadata else None
+    if source is not None:
+        return [source]
+    stack = [iter(metadata.values())]
+    while stack:
+        for value in stack[-1]:
+            kind = type(value)
+            if kind is str:
+                if _MARKER in value:
+                    found.extend(data_urls(value))
+            elif kind is dict:
+                if "data" in value:
+                    source = _base64_source(value)
+                    if source is not None:
+                        found.append(source)
+                        continue
+                stack.append(iter(value.values()))
+                break  # (on with this dict's values; the loop comes back for the rest of these)
+            elif kind is list:
+                stack.append(iter(value))
+                break
+            elif kind in _SCALARS:
+                pass
+            elif isinstance(value, str):
+                if _MARKER in value:
+                    found.extend(data_urls(value))
+            elif isinstance(value, Mapping):
+                source = _base64_source(value)
+                if source is not None:
+                    found.append(source)
+                    continue
+                stack.append(iter(list(value.values())))
+                break
+            elif isinstance(value, (list, tuple)):
+                stack.append(iter(value))
+                break
+        else:
+            stack.pop()
     return found
+
+
+_SCALARS = frozenset((int, float, bool, type(None)))
 
 
 def _base64_source(value: Mapping[str, Any]) -> DataUrl | None:

@@ -6,13 +6,22 @@ from __future__ import annotations
 import base64
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memengine import Episode, SessionConfig, open_engine
-from memengine.attachments import ATTACHMENT_TOKENS, data_urls, for_summarizer
+from memengine.attachments import (
+    ATTACHMENT_TOKENS,
+    _base64_source,
+    _in_metadata,
+    data_urls,
+    for_summarizer,
+    metadata_tokens,
+)
 from memengine.tokens import estimate_tokens
 
 from .fakes import fold
@@ -128,3 +137,48 @@ async def test_metadata_with_data_and_format_keys_that_hold_text_is_not_an_attac
         await session.add(episodes)
         assert (await session.context()).tokens == estimate_tokens("report ready")
     assert for_summarizer(episodes) == episodes
+
+
+def _in_metadata_by_definition(value: object) -> list[tuple[str, int, int, int]]:
+    """What metadata's attachments are, written plainly: depth first, in order; a base64 source is one, whole."""
+    if isinstance(value, str):
+        return [(url.media_type, url.start, url.end, url.payload_chars) for url in data_urls(value)]
+    if isinstance(value, Mapping):
+        source = _base64_source(value)
+        if source is not None:
+            return [(source.media_type, source.start, source.end, source.payload_chars)]
+        return [found for child in value.values() for found in _in_metadata_by_definition(child)]
+    if isinstance(value, (list, tuple)):
+        return [found for child in value for found in _in_metadata_by_definition(child)]
+    return []
+
+
+_B64 = base64.b64encode(bytes(range(96))).decode()  # 128 characters: long enough to be a source
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.sampled_from(
+        ["plain text", f"data:image/png;base64,{_B64}", f"see data:audio/wav;base64,{_B64} and data:x;base64,"]
+    ),
+    st.builds(
+        lambda kind, media: {"type": kind, "media_type": media, "data": _B64},
+        st.sampled_from(["base64", "url"]),
+        st.sampled_from(["image/webp", 7]),
+    ),
+    st.builds(lambda data, form: {"data": data, "format": form}, st.sampled_from([_B64, "short text"]), st.just("mp3")),
+)
+_JSON_TREES = st.recursive(
+    _LEAVES,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from("abcdata"), children, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["item", "data", "media_type", "type", "x"]), _JSON_TREES, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_attachments_in_metadata_are_found_in_order_at_any_depth(metadata: dict) -> None:
+    found = [(url.media_type, url.start, url.end, url.payload_chars) for url in _in_metadata(metadata)]
+    assert found == _in_metadata_by_definition(metadata)
+    assert metadata_tokens(metadata) == ATTACHMENT_TOKENS * len(found)
