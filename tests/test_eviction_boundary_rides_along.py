@@ -84,6 +84,25 @@ async def test_under_adds_every_eviction_boundary_goes_into_an_adds_commit(db_pa
     assert stored_boundary(stored) == evicted
 
 
+async def test_an_adds_transaction_with_a_boundary_checks_the_leases_with_one_query(db_path, monkeypatch) -> None:
+    """The boundary's session is the add's: one lease query covers both (a second one cost each such commit)."""
+    monkeypatch.setattr(committer, "RIDER_SECONDS", 3600.0)  # never alone: only with other work
+    transactions = Transactions()
+    summarizer = GatedSummarizer()  # never released: no summary (which checks its own lease) rides along
+    with anyio.fail_after(GUARD):
+        async with open_engine(db_path, config=CONFIG, summarizer=summarizer) as engine:
+            session = engine.session("s")
+            await session.context()
+            engine.store._conn.set_trace_callback(transactions)  # type: ignore[attr-defined]
+            for turn in range(1, 11):
+                await session.add([Episode("user", f"turn {turn}")])
+            engine.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    with_adds = [t for t in transactions.with_boundaries() if any(s.startswith("INSERT INTO episodes") for s in t)]
+    assert with_adds, "no eviction boundary rode along with an add"
+    for statements in with_adds:
+        assert len([s for s in statements if "FROM session_leases" in s]) == 1, statements
+
+
 async def test_with_nothing_else_to_ride_with_a_boundary_commits_alone(db_path, stored) -> None:
     with anyio.fail_after(GUARD):
         async with open_engine(db_path, config=CONFIG) as engine:

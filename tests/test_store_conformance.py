@@ -350,6 +350,33 @@ async def test_evictions_and_appends_sharing_a_transaction_are_each_checked_agai
     ]
 
 
+async def test_a_stale_boundary_beside_appends_whose_leases_hold_fails_alone(store_url, rows) -> None:
+    """The appends' lease query covers the boundaries' sessions too; a stale boundary's lease fails it alone."""
+    async with two_processes(store_url) as (a, b):
+        tokens = {name: (await a.activate(name, TTL))[0] for name in ("s1", "s2")}
+        for name in tokens:
+            _, error = await append(a, name, tokens[name], 1, *says("one", "two"))
+            assert error is None
+        stale = tokens["s2"]
+        await a.release_lease("s2", stale)
+        await b.activate("s2", TTL)  # another process has s2 now
+        outcomes, done, completion = collected(3)
+
+        # One batch: s1's append and boundary, and a boundary of s2 under the lease it lost (no append of s2).
+        a.submit_append("s1", tokens["s1"], 3, says("three"), completion("add s1"))
+        a.submit_eviction("s1", tokens["s1"], 2, completion("evict s1"))
+        a.submit_eviction("s2", stale, 2, completion("evict s2"))
+        with anyio.fail_after(30):
+            await done.wait()
+    assert [e.seq for e, _ in outcomes["add s1"]] == [3]  # type: ignore[union-attr]
+    assert outcomes["evict s1"] is None and isinstance(outcomes["evict s2"], LeaseLostError)
+    assert rows.query("SELECT session_id, evicted_through FROM sessions ORDER BY session_id") == [("s1", 2), ("s2", 0)]
+    assert rows.query("SELECT session_id, max(seq) FROM episodes GROUP BY session_id ORDER BY session_id") == [
+        ("s1", 3),
+        ("s2", 2),
+    ]
+
+
 async def test_a_re_sent_id_among_appends_of_one_transaction_is_skipped_and_the_rest_stored(store_url, rows) -> None:
     """Appends run as one statement; one that carries a stored id sends the transaction down the one-by-one path."""
     async with open_store(store_url) as store:

@@ -131,10 +131,16 @@ class Transactions(BackendHooks):
                     return False
             appends = [submission for submission in batch if submission.append is not None]
             evictions = [submission for submission in batch if submission.eviction is not None]
-            if appends and not self._append_run(db, appends):
-                self._rollback(db)
-                return False
-            if evictions and not self._eviction_run(db, evictions):
+            # One lease query for both runs: the appends' covers the boundaries' sessions too (most often
+            # the same ones: a boundary rides along with the next add); if it says no, each run checks its own.
+            boundaries = [(session_id, token) for session_id, token, _ in (s.eviction for s in evictions)]  # type: ignore[misc]
+            checked: bool | None = False
+            if appends:
+                checked = self._append_run(db, appends, boundaries)
+                if checked is None:
+                    self._rollback(db)
+                    return False
+            if evictions and not self._eviction_run(db, evictions, checked is True):
                 self._rollback(db)
                 return False
             rest = [
@@ -199,14 +205,16 @@ class Transactions(BackendHooks):
             submission.result = None
             submission.error = StoreError(f"nothing was stored: {error!r}")
 
-    def _append_run(self, db: Db, run: list[Submission]) -> bool:
+    def _append_run(self, db: Db, run: list[Submission], also: list[tuple[str, int]]) -> bool | None:
         """Store consecutive appends (of different sessions) with one statement.
 
-        One query checks every lease; seqs are numbered on the assumption that
-        no id is already stored. If a lease is stale, each append takes the
-        row-by-row path, which checks its own lease and skips stored ids; if
-        the row count shows a stored id, the transaction is run again with
-        each operation on its own (see _run_together).
+        One query checks every lease, and those of ``also`` (the eviction
+        boundaries of the same transaction); seqs are numbered on the
+        assumption that no id is already stored. If a lease is stale, each
+        append takes the row-by-row path, which checks its own lease and skips
+        stored ids; if the row count shows a stored id, the transaction is run
+        again with each operation on its own (see _run_together). Whether the
+        one query found every lease held (``also``'s too); ``None`` if the run failed.
         """
         rows: list[Any] = []
         first_appends = []
@@ -217,19 +225,29 @@ class Transactions(BackendHooks):
             if first_seq == 1:
                 first_appends.append(session_id)
             rows += [journal.episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq)]
-        return self._run_together(
+        checked = [False]
+
+        def check() -> bool:
+            checked[0] = leases.all_held(db, held + also if also else held)
+            return checked[0]
+
+        if not self._run_together(
             db,
             run,
-            lambda: leases.all_held(db, held),
+            check,
             lambda: self._insert_new_episodes(db, first_appends, rows),
             lambda submission: journal.appended(submission.append[2], submission.append[3]),  # type: ignore[index]
-        )
+        ):
+            return None
+        return checked[0]
 
-    def _eviction_run(self, db: Db, run: list[Submission]) -> bool:
+    def _eviction_run(self, db: Db, run: list[Submission], checked: bool = False) -> bool:
         """Store the eviction boundaries of several sessions with one lease query and one statement.
 
-        If a lease is stale, each boundary takes its own path
-        (journal.record_eviction), which refuses only the stale one.
+        The query is left out when the same transaction checked these leases
+        already (``checked``, see _append_run). If a lease is stale, each
+        boundary takes its own path (journal.record_eviction), which refuses
+        only the stale one.
         """
         evictions: list[tuple[str, int, int]] = [submission.eviction for submission in run]  # type: ignore[misc]
 
@@ -240,7 +258,7 @@ class Transactions(BackendHooks):
         return self._run_together(
             db,
             run,
-            lambda: leases.all_held(db, [(session_id, token) for session_id, token, _ in evictions]),
+            (lambda: True) if checked else lambda: leases.all_held(db, [(s, token) for s, token, _ in evictions]),
             write,
             lambda submission: None,
         )
