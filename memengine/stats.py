@@ -19,7 +19,10 @@ class EngineStats:
     and ``retains_set_aside`` are the store's too: summary batches (one per
     session at most) and retain batches set aside after too many failed rounds,
     waiting for :meth:`Engine.retry_set_aside` (set-aside retain batches count in
-    ``outbox_depth`` as well).
+    ``outbox_depth`` as well). ``summary_holes`` counts, over active sessions
+    with segment summaries, the ranges of summarized episodes whose summary a
+    delete erased and that are being summarized again (``Context.resummarizing``;
+    their live episodes are shown as they were said meanwhile).
     """
 
     active_sessions: int
@@ -30,3 +33,4 @@ class EngineStats:
     oldest_undelivered_age: float | None
     summaries_set_aside: int = 0
     retains_set_aside: int = 0
+    summary_holes: int = 0

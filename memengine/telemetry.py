@@ -284,6 +284,12 @@ GAUGES: tuple[tuple[str, str, str, Callable[[list[float]], float]], ...] = (
         "Evicted episodes of active sessions that no stored summary covers yet",
         sum,
     ),
+    (
+        "memengine.summary.holes",
+        "{range}",
+        "Ranges of summarized episodes of active sessions being summarized again after a delete",
+        sum,
+    ),
     # Per store, not per process: engines of one process normally share a store, so the largest.
     ("memengine.retain.outbox.depth", "{batch}", "Retain batches not yet delivered (sampled every 5 s)", max),
     ("memengine.retain.outbox.oldest_age", "s", "Age of the oldest undelivered retain batch", max),

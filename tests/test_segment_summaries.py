@@ -120,6 +120,8 @@ async def test_while_a_leaf_is_made_again_the_read_gets_every_other_summary(stor
         # its live episodes are shown in its place, as they were said, until it is made again.
         context = await session.context()
         assert context.resummarizing == ((29, 32),)
+        assert (await engine.stats()).summary_holes == 1  # (and its gauge: the same figure)
+        assert engine._gauge_figures()["memengine.summary.holes"] == 1  # type: ignore[index]
         assert HOLE_OPENS.format(first=29, last=32) + "\nuser: turn 29\nuser: turn 31\n" in context.summary
         assert covered(context.summary) == [f"turn {n}" for n in range(1, 65) if n != 30]
         assert [e.seq for e in context.episodes] == [65, 66, 67, 68]  # the window: nothing of the past raw
@@ -129,6 +131,7 @@ async def test_while_a_leaf_is_made_again_the_read_gets_every_other_summary(stor
         summarizer.release()
         context = await session.context(wait_for_summary=True)
         assert context.resummarizing == ()
+        assert (await engine.stats()).summary_holes == 0
         assert covered(context.summary) == [f"turn {n}" for n in range(1, 65) if n != 30]
 
 

@@ -50,6 +50,7 @@ class EngineFigures(Activations):
             oldest_undelivered_age=outbox.oldest_undelivered_age,
             summaries_set_aside=set_aside.summaries,
             retains_set_aside=set_aside.retains,
+            summary_holes=sum(actor.summary_holes for actor in self._actors.values()),
         )
 
     def _gauge_figures(self) -> dict[str, float] | None:
@@ -66,6 +67,7 @@ class EngineFigures(Activations):
             "memengine.sessions.active": len(actors),
             "memengine.mailbox.depth": sum(actor.mailbox.depth for actor in actors),
             "memengine.summary.waiting_episodes": sum(actor.episodes_waiting_for_summary for actor in actors),
+            "memengine.summary.holes": sum(actor.summary_holes for actor in actors),
         }
         if self._outbox_sample is not None:
             depth, oldest_age = self._outbox_sample

@@ -167,6 +167,11 @@ class SessionActor(ClientHandlers):
         """Evicted episodes that no stored summary covers yet."""
         return self._window.evicted
 
+    @property
+    def summary_holes(self) -> int:
+        """Ranges of summarized episodes being summarized again after a delete (a segmented session's holes)."""
+        return len(self._summary.holes)
+
     def lease_renewed(self, asked_at: float) -> None:
         self._lease.renewed(asked_at)
 
