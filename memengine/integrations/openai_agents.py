@@ -59,6 +59,12 @@ some things without a word that this session refuses, deliberately:
   of items (the SDK stores each of its keys as an item): every
   ``TResponseInputItem`` is a dict, and the next ``Runner.run`` would fail
   on what was stored.
+- A lone surrogate anywhere in an item (``ValueError``): half of a UTF-16
+  pair on its own (``"\\ud83d"``, from a bad decode or a text cut in the middle
+  of an emoji) is not Unicode text and has no UTF-8 encoding, and memengine
+  keeps an item's JSON and its readable text as UTF-8 text on both stores.
+  The SDK's sessions store it as the JSON escape ``\\ud83d``, which strict
+  parsers refuse (PostgreSQL's ``jsonb`` among them).
 - An empty or blank ``session_id`` (``ValueError``, from
   :meth:`memengine.Engine.session`): an id left empty by mistake (an unset
   user id) would put every such user in one shared conversation.
@@ -236,6 +242,14 @@ class MemEngineSession:
             raise TypeError(f"a session item must be JSON: {exc}") from None
         except ValueError as exc:  # NaN or an infinity (which the SDK's sessions would store), or a cycle
             raise ValueError(f"a session item must be JSON: {exc}") from None
+        try:
+            size = len(encoded.encode())
+        except UnicodeEncodeError as exc:  # (its message would quote the whole item)
+            raise ValueError(
+                f"a session item must be valid Unicode: it holds a lone surrogate, "
+                f"U+{ord(exc.object[exc.start]):04X}, half of a UTF-16 pair (a bad decode, a text cut mid-character), "
+                "which neither store can keep"
+            ) from None
         exact = json.loads(encoded)
         links = tool_links({"item": exact})
         metadata: dict[str, Any] = {}
@@ -248,7 +262,7 @@ class MemEngineSession:
         # The metadata's JSON is {...the links, ITEM_KEY: encoded}: its size without encoding the item again
         # (encoded is exact's JSON; where an item repeats a key, exact keeps one, so this is an upper bound).
         head = len(encode_json({**metadata, ITEM_KEY: None}).encode()) if metadata else _ITEM_ALONE_BYTES
-        if head - len("null") + len(encoded.encode()) <= self._config.max_metadata_bytes:
+        if head - len("null") + size <= self._config.max_metadata_bytes:
             metadata[ITEM_KEY] = exact
             content = text if text.strip() and "\x00" not in text else encoded
         else:

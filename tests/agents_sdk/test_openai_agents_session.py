@@ -195,6 +195,13 @@ REFUSED_THOUGH_THE_SDK_ACCEPTS = {
     "infinity": ("s", [{"role": "user", "content": "x", "score": float("inf")}], ValueError),
     "an item that is not a dict": ("s", ["just a string"], TypeError),
     "a dict for the list of items": ("s", {"role": "user", "content": "hi"}, TypeError),
+    # Half of a UTF-16 pair on its own (a bad decode, a string cut mid-emoji): not Unicode text either store keeps.
+    "a lone surrogate in the text": ("s", [{"role": "user", "content": "cut \ud83d here"}], ValueError),
+    "a lone surrogate deep in an item": (
+        "s",
+        [{"type": "function_call", "name": "f", "arguments": '{"city": "\udc00"}', "call_id": "c1"}],
+        ValueError,
+    ),
 }
 
 
@@ -206,10 +213,12 @@ async def test_what_the_sdk_sessions_accept_and_memengine_refuses(tmp_path: Path
     assert await sdk_session.get_items() != []
     sdk_session.close()
     async with open_engine(tmp_path / "m.db", config=BIG) as engine:
-        with pytest.raises(error):
+        with pytest.raises(error) as refused:
             session = MemEngineSession(engine, session_id)
             await session.add_items(items)
         assert await MemEngineSession(engine, "s").get_items() == []
+    if "surrogate" in case:  # said in the session's words, not the codec's
+        assert type(refused.value) is ValueError and "surrogate" in str(refused.value), refused.value
 
 
 async def test_a_multi_turn_conversation_reaches_the_model_in_order(tmp_path: Path) -> None:
