@@ -126,7 +126,9 @@ SUMMARY_PREFIX = rendering.SUMMARY_PREFIX
 T = TypeVar("T")
 
 #: Bytes of ``{ITEM_KEY: null}`` as JSON: the size of an item's metadata when it has no links, but the item's.
-_ITEM_ALONE_BYTES = len(encode_json({ITEM_KEY: None}).encode())
+#: The JSON of metadata holding an item and nothing else, with ``null`` where the item's JSON goes.
+_ITEM_ALONE = encode_json({ITEM_KEY: None})
+_ITEM_ALONE_BYTES = len(_ITEM_ALONE.encode())
 
 
 class MemEngineSession:
@@ -204,9 +206,10 @@ class MemEngineSession:
         """
         if isinstance(items, Mapping) or isinstance(items, str | bytes):
             raise TypeError(f"add_items() takes a list of items, not {type(items).__name__}")
-        episodes = [self._episode_of(item) for item in items]
-        if episodes:
-            await self._call(self._session._add_private, episodes)
+        converted = [self._episode_of(item) for item in items]
+        if converted:
+            episodes, metadata_json = zip(*converted, strict=True)
+            await self._call(self._session._add_private, episodes, metadata_json)
 
     async def pop_item(self) -> dict[str, Any] | None:
         """Remove the newest item durably and return it; ``None`` when there is none.
@@ -233,7 +236,13 @@ class MemEngineSession:
         """
         await self._call(self._session.clear)
 
-    def _episode_of(self, item: object) -> Episode:
+    def _episode_of(self, item: object) -> tuple[Episode, str | None]:
+        """The item's episode, and its metadata's JSON (``None``: the store encodes it).
+
+        The item is encoded once: its metadata's JSON, which the store keeps,
+        is written around that text (what ``encode_json`` makes of the
+        metadata, the item's keys last), not encoded again in the store's thread.
+        """
         if not isinstance(item, Mapping):
             raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
         try:
@@ -261,15 +270,18 @@ class MemEngineSession:
         text = _readable_text(exact)
         # The metadata's JSON is {...the links, ITEM_KEY: encoded}: its size without encoding the item again
         # (encoded is exact's JSON; where an item repeats a key, exact keeps one, so this is an upper bound).
-        head = len(encode_json({**metadata, ITEM_KEY: None}).encode()) if metadata else _ITEM_ALONE_BYTES
+        shell = encode_json({**metadata, ITEM_KEY: None}) if metadata else _ITEM_ALONE  # {..., "item": null}
+        head = len(shell.encode()) if metadata else _ITEM_ALONE_BYTES
+        metadata_json: str | None = None
         if head - len("null") + size <= self._config.max_metadata_bytes:
             metadata[ITEM_KEY] = exact
             content = text if text.strip() and "\x00" not in text else encoded
+            metadata_json = shell[: -len("null}")] + encoded + "}"
         else:
             metadata[ITEM_IN_CONTENT_KEY] = True
             content = encoded
         # The metadata is JSON-exact (made from json.loads) and this add's alone: not copied again.
-        return with_private_metadata(role, content, metadata)
+        return with_private_metadata(role, content, metadata), metadata_json
 
     async def _call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._portal is not None:

@@ -77,6 +77,19 @@ class AddBatch:
         return {text: tokens for message in self.messages for text, tokens in message.counted.items()}
 
     @property
+    def metadata_json(self) -> tuple[str | None, ...] | None:
+        """Each episode's metadata JSON where its caller made it (``AddEpisodes.metadata_json``); None if none did."""
+        if len(self.messages) == 1:
+            return self.messages[0].metadata_json
+        if all(message.metadata_json is None for message in self.messages):
+            return None
+        return tuple(
+            encoded
+            for message in self.messages
+            for encoded in (message.metadata_json or (None,) * len(message.episodes))
+        )
+
+    @property
     def episodes(self) -> tuple[Episode, ...]:
         if len(self.messages) == 1:
             return self.messages[0].episodes

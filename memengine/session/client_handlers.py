@@ -66,6 +66,7 @@ class ClientHandlers(ActivationState):
                 self._last_seq + 1,
                 batch.episodes,
                 functools.partial(self._appended, batch),
+                batch.metadata_json,
             )
         except Exception as exc:
             for joined in batch.messages[1:]:  # the first is failed by the caller, _handle

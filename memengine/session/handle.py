@@ -6,7 +6,7 @@ needs of whoever made it), so this module does not depend on the engine.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -90,30 +90,49 @@ class Session:
         """
         return await self._traced_add(episodes, snapshot=True)
 
-    async def _add_private(self, episodes: Iterable[Episode]) -> tuple[Episode, ...]:
+    async def _add_private(
+        self, episodes: Iterable[Episode], metadata_json: Sequence[str | None] | None = None
+    ) -> tuple[Episode, ...]:
         """:meth:`add` of episodes whose metadata no one else holds (``episode.with_private_metadata``).
 
         For the engine's own adapters, which build each episode for one add
         and never hand it out: their metadata is not copied again, and the
         episodes returned are the session's own, not copies (the adapters
         drop them; editing them would edit what the session shows).
+        ``metadata_json``, one per episode, is its metadata's JSON exactly
+        as ``encode_json`` writes it, if the adapter has it at hand (``None``:
+        the store encodes that one).
         """
-        return await self._traced_add(episodes, snapshot=False)
+        return await self._traced_add(episodes, snapshot=False, metadata_json=metadata_json)
 
-    def _traced_add(self, episodes: Iterable[Episode], *, snapshot: bool) -> Awaitable[tuple[Episode, ...]]:
+    def _traced_add(
+        self,
+        episodes: Iterable[Episode],
+        *,
+        snapshot: bool,
+        metadata_json: Sequence[str | None] | None = None,
+    ) -> Awaitable[tuple[Episode, ...]]:
         traced = self._engine._telemetry.operation("create_memory", "add", self._id)
         if traced is NO_OPERATION:  # nothing is traced (the usual case): none of its bookkeeping per add
-            return self._add(episodes, snapshot)
-        return self._add_traced(traced, episodes, snapshot)
+            return self._add(episodes, snapshot, metadata_json)
+        return self._add_traced(traced, episodes, snapshot, metadata_json)
 
-    async def _add_traced(self, traced: Any, episodes: Iterable[Episode], snapshot: bool) -> tuple[Episode, ...]:
+    async def _add_traced(
+        self,
+        traced: Any,
+        episodes: Iterable[Episode],
+        snapshot: bool,
+        metadata_json: Sequence[str | None] | None,
+    ) -> tuple[Episode, ...]:
         with traced:
-            stored = await self._add(episodes, snapshot)
+            stored = await self._add(episodes, snapshot, metadata_json)
             traced.count(len(stored))
             traced.content("gen_ai.memory.content", lambda: [[episode.role, episode.content] for episode in stored])
             return stored
 
-    def _add(self, episodes: Iterable[Episode], snapshot: bool) -> Awaitable[tuple[Episode, ...]]:
+    def _add(
+        self, episodes: Iterable[Episode], snapshot: bool, metadata_json: Sequence[str | None] | None = None
+    ) -> Awaitable[tuple[Episode, ...]]:
         """The add's request, its argument checked (a plain function: no coroutine of its own per add)."""
         batch = _episodes_argument(episodes)
         if len(batch) > ENTER_SLICE:  # checked a slice at a time, like the window takes it (large_entry.py)
@@ -124,7 +143,12 @@ class Session:
         contents = [episode.content for episode in batch]
         if large_batch(contents):  # many or long contents
             return self._add_large(batch, contents, snapshot)
-        return self._request(AddEpisodes if snapshot else _uncopied_add, batch)
+        if snapshot:
+            return self._request(AddEpisodes, batch)
+        if metadata_json is None:
+            return self._request(_uncopied_add, batch)
+        # (_checked_batch returns a private batch as it is, or refuses it: one JSON per episode still.)
+        return self._request(_uncopied_encoded_add, batch, tuple(metadata_json))
 
     async def _add_large(
         self, batch: tuple[Episode, ...], contents: list[str] | None, snapshot: bool
@@ -273,6 +297,12 @@ class Session:
 
 def _uncopied_add(episodes: tuple[Episode, ...], reply: Reply[tuple[Episode, ...]]) -> AddEpisodes:
     return AddEpisodes(episodes, reply, copies=False)
+
+
+def _uncopied_encoded_add(
+    episodes: tuple[Episode, ...], metadata_json: tuple[str | None, ...], reply: Reply[tuple[Episode, ...]]
+) -> AddEpisodes:
+    return AddEpisodes(episodes, reply, copies=False, metadata_json=metadata_json)
 
 
 def _episodes_argument(episodes: Iterable[Episode]) -> tuple[Episode, ...]:

@@ -26,6 +26,8 @@ class AddEpisodes:
     #: Whether the caller gets copies of the stored episodes (``add``); an engine adapter that builds
     #: each episode for one add and drops the answer gets the session's own (``Handle._add_private``).
     copies: bool = True
+    #: Each episode's metadata as ``encode_json`` writes it (``None``: the store encodes it), from such an adapter.
+    metadata_json: tuple[str | None, ...] | None = None
 
 
 @attrs.define(eq=False)

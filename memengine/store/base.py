@@ -285,13 +285,21 @@ class Store(Protocol):
         """The session's latest summary and the live episodes after it (a read; no lease)."""
 
     def submit_append(
-        self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
+        self,
+        session_id: str,
+        token: int,
+        first_seq: int,
+        episodes: Sequence[Episode],
+        done: Completion[AppendResult],
+        metadata_json: Sequence[str | None] | None = None,
     ) -> None:
         """Queue storing episodes with seqs from ``first_seq`` on, skipping ids already stored.
 
         Does not wait: ``done`` is called on the event loop once the transaction
         holding the append has committed (or failed), before any operation
         queued after it completes. Operations run in the order submitted.
+        ``metadata_json``, if given, is each episode's metadata exactly as
+        ``encode_json`` writes it (``None``: the store encodes that one).
         """
 
     def submit_eviction(self, session_id: str, token: int, through_seq: int, done: Completion[None]) -> None:

@@ -598,13 +598,23 @@ class Committer(Transactions):
     # -- the two operations that run together (see transactions.py) ---------
 
     def submit_append(
-        self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
+        self,
+        session_id: str,
+        token: int,
+        first_seq: int,
+        episodes: Sequence[Episode],
+        done: Completion[AppendResult],
+        metadata_json: Sequence[str | None] | None = None,
     ) -> None:
         chars = len(episodes[0].content) if len(episodes) == 1 else sum([len(e.content) for e in episodes])
         if len(episodes) > TRANSACTION_ROWS or chars > TRANSACTION_CHARS:
-            _AppendInParts(self, session_id, token, first_seq, episodes, done).start()
+            _AppendInParts(self, session_id, token, first_seq, episodes, done).start()  # (its rows encode their own)
             return
-        self._enqueue(Submission(None, done, (session_id, token, first_seq, episodes), len(episodes), chars))
+        submission = Submission(None, done, (session_id, token, first_seq, episodes), len(episodes), chars)
+        if metadata_json is not None:
+            assert len(metadata_json) == len(episodes), (len(metadata_json), len(episodes))
+            submission.metadata_json = metadata_json
+        self._enqueue(submission)
 
     def submit_eviction(self, session_id: str, token: int, through_seq: int, done: Completion[None]) -> None:
         operation = functools.partial(

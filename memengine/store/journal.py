@@ -29,8 +29,14 @@ INSERT_EPISODE = (
 )
 
 
-def episode_row(session_id: str, seq: int, episode: Episode) -> tuple[str, int, str, str, str, str, str]:
-    metadata = encode_json(episode.metadata) if episode.metadata else "{}"
+def episode_row(
+    session_id: str, seq: int, episode: Episode, metadata_json: str | None = None
+) -> tuple[str, int, str, str, str, str, str]:
+    """The row of an episode; ``metadata_json``, if given, is its metadata as ``encode_json`` writes it."""
+    if metadata_json is not None:
+        metadata = metadata_json
+    else:
+        metadata = encode_json(episode.metadata) if episode.metadata else "{}"
     return (session_id, seq, episode.id, episode.role, episode.content, episode.created_at.isoformat(), metadata)
 
 

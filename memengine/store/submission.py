@@ -29,6 +29,7 @@ class Submission:
         "error",
         "eviction",
         "finished",
+        "metadata_json",
         "operation",
         "refused",
         "result",
@@ -48,6 +49,8 @@ class Submission:
         self.done = done
         self.append = append  # set for appends, which can also run together (see _append_run)
         self.eviction: tuple[str, int, int] | None = None  # likewise for eviction boundaries (_eviction_run)
+        #: An append's metadata JSON per episode, where its caller made it (see Store.submit_append).
+        self.metadata_json: Sequence[str | None] | None = None
         self.size = size  # rows it stores (one for most operations)
         self.chars = chars  # characters of content it stores
         self.finished: Wakeup | None = None  # for the one caller that awaits the outcome

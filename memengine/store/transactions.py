@@ -224,7 +224,14 @@ class Transactions(BackendHooks):
             held.append((session_id, token))
             if first_seq == 1:
                 first_appends.append(session_id)
-            rows += [journal.episode_row(session_id, seq, episode) for seq, episode in enumerate(episodes, first_seq)]
+            encoded = submission.metadata_json
+            if encoded is None:
+                rows += [journal.episode_row(session_id, s, episode) for s, episode in enumerate(episodes, first_seq)]
+            else:
+                rows += [
+                    journal.episode_row(session_id, first_seq + n, episode, metadata)
+                    for n, (episode, metadata) in enumerate(zip(episodes, encoded, strict=True))
+                ]
         checked = [False]
 
         def check() -> bool:

@@ -547,3 +547,69 @@ async def test_an_item_exactly_at_the_metadata_limit_stays_in_metadata_one_byte_
         assert json.loads(stored.content) == call
     else:
         assert stored.metadata == links_and_item
+
+
+async def test_the_stored_metadata_of_every_item_is_its_metadatas_own_json(tmp_path: Path) -> None:
+    """What the store keeps for an item is exactly the JSON of the episode's metadata (made once, on the loop).
+
+    The adapter writes each item's JSON once and hands the store the metadata's
+    text built around it; it must be the text ``encode_json`` makes of that
+    metadata, byte for byte, and load back to it: the item, its tool links.
+    """
+    import sqlite3
+
+    from memengine.episode import encode_json
+    from memengine.integrations.openai_agents import ITEM_KEY
+
+    unicode = {"role": "user", "content": "naïve café — 你好, Привет 🌍", "note": {"ключ": ["é", 1e-07, 10**20]}}
+    large = {"type": "function_call_output", "call_id": "call_9", "output": "x" * 20_000}  # goes to the content
+    items = [*ITEMS, unicode, large]
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        await session.add_items(items[:3])
+        await session.add_items(items[3:])
+        held = (await engine.session("s").context()).episodes
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        stored = [row[0] for row in conn.execute("SELECT metadata FROM episodes ORDER BY seq")]
+    assert len(stored) == len(items) == len(held)
+    for text, episode, item in zip(stored, held, items, strict=True):
+        assert text == encode_json(episode.metadata)
+        metadata = json.loads(text)
+        if item is large:
+            assert metadata.get(ITEM_IN_CONTENT_KEY) is True and json.loads(episode.content) == item
+        else:
+            assert metadata[ITEM_KEY] == item
+    assert json.loads(stored[ITEMS.index(ITEMS[3])])[CALLS_KEY] == ["call_1"]
+    assert json.loads(stored[4])[RESULT_OF_KEY] == ["call_1"]
+
+
+async def test_adds_of_the_adapter_and_plain_adds_stored_by_one_commit_keep_each_ones_metadata(tmp_path: Path) -> None:
+    """Adds queued behind one in flight go to the store as one append (add_batch.py), some with their JSON made."""
+    import sqlite3
+
+    from memengine import Episode
+    from memengine.episode import encode_json
+
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        adapter, plain = MemEngineSession(engine, "s"), engine.session("s")
+        await plain.context()  # activated: the adds below only queue behind each other
+        commits: list[str] = []
+        engine.store._conn.set_trace_callback(lambda s: commits.append(s) if s == "COMMIT" else None)  # type: ignore[attr-defined]
+        async with anyio.create_task_group() as writers:
+            for n in range(24):
+                if n % 2:
+                    writers.start_soon(plain.add, [Episode("user", f"plain {n}", metadata={"n": n, "ü": ["ß"]})])
+                else:
+                    writers.start_soon(adapter.add_items, [{"role": "user", "content": f"item {n}", "n": n}])
+        engine.store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    assert len(commits) < 24  # some adds shared a commit
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        rows = conn.execute("SELECT content, metadata FROM episodes ORDER BY seq").fetchall()
+    assert len(rows) == 24
+    for content, text in rows:
+        metadata = json.loads(text)
+        assert text == encode_json(metadata)
+        if content.startswith("plain"):
+            assert metadata == {"n": int(content.split()[1]), "ü": ["ß"]}
+        else:
+            assert metadata["openai_agents.item"] == {"role": "user", "content": content, "n": int(content.split()[1])}

@@ -156,10 +156,16 @@ class SQLiteStore(GroupCommitStore):
             log.warning("the recall index is damaged and could not be rebuilt: %s", exc)
 
     def submit_append(
-        self, session_id: str, token: int, first_seq: int, episodes: Sequence[Episode], done: Completion[AppendResult]
+        self,
+        session_id: str,
+        token: int,
+        first_seq: int,
+        episodes: Sequence[Episode],
+        done: Completion[AppendResult],
+        metadata_json: Sequence[str | None] | None = None,
     ) -> None:
         self._unindexed += len(episodes)
-        super().submit_append(session_id, token, first_seq, episodes, done)
+        super().submit_append(session_id, token, first_seq, episodes, done, metadata_json)
 
 
 @asynccontextmanager
