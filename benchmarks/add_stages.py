@@ -28,8 +28,11 @@ stages of one add are sequential, and both sides' Python shares one interpreter
 lock: work moved from one stage into the time of another (the event loop's
 after the hand-over, say) mostly moves the wait into the next stage.
 
+With ``--item-chars N``, each item's text is N characters instead (prose,
+code and JSON, Russian and Chinese: real messages are 1-10 KB).
+
 Run: ``.venv/bin/python benchmarks/add_stages.py [--adds 2000] [--rounds 3]
-[--synchronous NORMAL|FULL]``.
+[--synchronous NORMAL|FULL] [--item-chars N]``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,13 @@ MEMENGINE_STAGES = ("convert", "to actor", "to store", "queued", "wake", "thread
 SDK_MARKS = ("submit", "begin", "end")
 SDK_STAGES = ("submit", "wake", "thread", "back")
 SKIPPED = 50  # the first adds of a round: sessions activating, caches warming
+#: What a long item's text is made of, repeated to the length asked for.
+FILLER = (
+    "The parcel left the warehouse on Tuesday; tracking shows it in transit. "
+    'def total(rows):\n    return sum(row["amount"] for row in rows)\n'
+    '{"order": 55433, "status": "in_transit", "eta_days": 3} '
+    "Посылка покинула склад во вторник. 包裹已于周二离开仓库。 "
+)
 
 clock = time.perf_counter
 marks: dict[str, float] = {}
@@ -123,12 +133,24 @@ def instrument_sdk() -> None:
     sdk_sqlite_module.asyncio.to_thread = timed_to_thread  # type: ignore[attr-defined]
 
 
-async def one_round(make: Callable[[str], Any], adds: int, points: tuple[str, ...]) -> list[list[float]]:
+def item_of(turn: int, chars: int | None) -> dict[str, Any]:
+    item = user_item(turn, turn) if turn % 2 else assistant_item(turn, turn)
+    if chars is None:
+        return item
+    text = (f"Turn {turn}. " + FILLER * (chars // len(FILLER) + 1))[:chars]
+    if "content" in item and isinstance(item["content"], str):
+        return {**item, "content": text}
+    return {**item, "content": [{**item["content"][0], "text": text}]}
+
+
+async def one_round(
+    make: Callable[[str], Any], adds: int, points: tuple[str, ...], chars: int | None
+) -> list[list[float]]:
     """Per add: the time between consecutive points (from the call's start to its return), in us."""
     sessions = [make(f"s{number}") for number in range(20)]
     rows = []
     for turn in range(adds):
-        item = user_item(turn, turn) if turn % 2 else assistant_item(turn, turn)
+        item = item_of(turn, chars)
         marks.clear()
         start = clock()
         await sessions[turn % 20].add_items([item])
@@ -142,19 +164,20 @@ async def one_round(make: Callable[[str], Any], adds: int, points: tuple[str, ..
     return rows
 
 
-async def memengine_round(adds: int, synchronous: str) -> list[list[float]]:
+async def memengine_round(adds: int, synchronous: str, chars: int | None) -> list[list[float]]:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "memengine.db"
         async with open_engine(path, synchronous=synchronous, config=SessionConfig()) as engine:
-            return await one_round(lambda session_id: MemEngineSession(engine, session_id), adds, MEMENGINE_MARKS)
+            make = lambda session_id: MemEngineSession(engine, session_id)  # noqa: E731
+            return await one_round(make, adds, MEMENGINE_MARKS, chars)
 
 
-async def sdk_round(adds: int, synchronous: str) -> list[list[float]]:
+async def sdk_round(adds: int, synchronous: str, chars: int | None) -> list[list[float]]:
     contender = sdk_sqlite if synchronous == "FULL" else sdk_sqlite_normal
     with tempfile.TemporaryDirectory() as directory:
         async with contender(Path(directory)) as (make, level):
             assert level == synchronous, (level, synchronous)
-            return await one_round(make, adds, SDK_MARKS)
+            return await one_round(make, adds, SDK_MARKS, chars)
 
 
 def medians(rows: list[list[float]]) -> list[float]:
@@ -168,6 +191,7 @@ async def main() -> None:
     parser.add_argument("--adds", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each, in alternating order")
     parser.add_argument("--synchronous", choices=("NORMAL", "FULL"), default="NORMAL")
+    parser.add_argument("--item-chars", type=int, default=None, help="characters of each item's text")
     args = parser.parse_args()
     instrument_memengine()
     instrument_sdk()
@@ -175,9 +199,10 @@ async def main() -> None:
     for number in range(args.rounds):
         order = [("memengine", memengine_round), ("SQLiteSession", sdk_round)]
         for name, run in order if number % 2 == 0 else order[::-1]:
-            results[name].append(medians(await run(args.adds, args.synchronous)))
+            results[name].append(medians(await run(args.adds, args.synchronous, args.item_chars)))
     print(
-        f"one add_items at a time over 20 sessions, synchronous={args.synchronous}; "
+        f"one add_items at a time over 20 sessions, synchronous={args.synchronous}, "
+        f"items of {'the benchmark' if args.item_chars is None else f'{args.item_chars} characters'}; "
         f"median us per stage, median of {args.rounds} rounds of {args.adds} adds"
     )
     for name, stages in (("memengine", MEMENGINE_STAGES), ("SQLiteSession", SDK_STAGES)):
