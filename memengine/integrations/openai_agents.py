@@ -242,6 +242,8 @@ class MemEngineSession:
         The item is encoded once: its metadata's JSON, which the store keeps,
         is written around that text (what ``encode_json`` makes of the
         metadata, the item's keys last), not encoded again in the store's thread.
+        (An item with a key twice, as an int and as a str, keeps both in that
+        text; it loads back, as ``exact`` was loaded, with the last of them.)
         """
         if not isinstance(item, Mapping):
             raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
