@@ -362,10 +362,11 @@ async def test_a_stale_boundary_beside_appends_whose_leases_hold_fails_alone(sto
         await b.activate("s2", TTL)  # another process has s2 now
         outcomes, done, completion = collected(3)
 
-        # One batch: s1's append and boundary, and a boundary of s2 under the lease it lost (no append of s2).
-        a.submit_append("s1", tokens["s1"], 3, says("three"), completion("add s1"))
+        # One batch: s1's boundary and append, and a boundary of s2 under the lease it lost (no append of s2).
+        # The boundaries wait to ride along; the append starts the transaction that takes them.
         a.submit_eviction("s1", tokens["s1"], 2, completion("evict s1"))
         a.submit_eviction("s2", stale, 2, completion("evict s2"))
+        a.submit_append("s1", tokens["s1"], 3, says("three"), completion("add s1"))
         with anyio.fail_after(30):
             await done.wait()
     assert [e.seq for e, _ in outcomes["add s1"]] == [3]  # type: ignore[union-attr]

@@ -579,7 +579,7 @@ async def test_the_stored_metadata_of_every_item_is_its_metadatas_own_json(tmp_p
             assert metadata.get(ITEM_IN_CONTENT_KEY) is True and json.loads(episode.content) == item
         else:
             assert metadata[ITEM_KEY] == item
-    assert json.loads(stored[ITEMS.index(ITEMS[3])])[CALLS_KEY] == ["call_1"]
+    assert json.loads(stored[3])[CALLS_KEY] == ["call_1"]  # (ITEMS[3] is the call, ITEMS[4] its output)
     assert json.loads(stored[4])[RESULT_OF_KEY] == ["call_1"]
 
 
