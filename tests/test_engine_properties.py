@@ -564,11 +564,18 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule()
     def deliveries_settle(self) -> None:
-        """Wait until the outbox is empty: every batch and forget recorded so far has reached the sink."""
+        """Wait until the outbox is empty: every batch and forget recorded so far has reached the sink.
+
+        A run of ``sink_fails`` steps can fail a batch ``retain_set_aside_after``
+        rounds in a row: it is then set aside, and stays in the outbox until
+        retried. Retried here as an operator would (``engine.retry_set_aside``).
+        """
 
         async def drained() -> None:
             with anyio.fail_after(PATIENCE):
-                while (await self.engine.store.outbox_state()).depth:  # noqa: ASYNC110 - the delivery actor empties it
+                while (await self.engine.store.outbox_state()).depth:  # (the delivery actor empties it)
+                    if (await self.engine.store.set_aside_counts()).retains:
+                        await self.engine.retry_set_aside()
                     await anyio.sleep(0.005)
 
         self.portal.call(drained)
