@@ -145,10 +145,8 @@ class Session:
             return self._add_large(batch, contents, snapshot)
         if snapshot:
             return self._request(AddEpisodes, batch)
-        if metadata_json is None:
-            return self._request(_uncopied_add, batch)
         # (_checked_batch returns a private batch as it is, or refuses it: one JSON per episode still.)
-        return self._request(_uncopied_encoded_add, batch, tuple(metadata_json))
+        return self._request(_uncopied_add, batch, None if metadata_json is None else tuple(metadata_json))
 
     async def _add_large(
         self, batch: tuple[Episode, ...], contents: list[str] | None, snapshot: bool
@@ -295,12 +293,8 @@ class Session:
         return answer
 
 
-def _uncopied_add(episodes: tuple[Episode, ...], reply: Reply[tuple[Episode, ...]]) -> AddEpisodes:
-    return AddEpisodes(episodes, reply, copies=False)
-
-
-def _uncopied_encoded_add(
-    episodes: tuple[Episode, ...], metadata_json: tuple[str | None, ...], reply: Reply[tuple[Episode, ...]]
+def _uncopied_add(
+    episodes: tuple[Episode, ...], metadata_json: tuple[str | None, ...] | None, reply: Reply[tuple[Episode, ...]]
 ) -> AddEpisodes:
     return AddEpisodes(episodes, reply, copies=False, metadata_json=metadata_json)
 
