@@ -138,10 +138,7 @@ def _in_metadata(metadata: Mapping[str, Any]) -> list[DataUrl]:
     first, with JSON's own types checked by ``type`` (no call per value).
     """
     found: list[DataUrl] = []
-    source = _base64_source(metadata) if "data" in metadata else None
-    if source is not None:
-        return [source]
-    stack = [iter(metadata.values())]
+    stack: list[Iterator[Any]] = [iter((metadata,))]  # (the metadata itself may be a base64 source)
     while stack:
         for value in stack[-1]:
             kind = type(value)
