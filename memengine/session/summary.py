@@ -202,7 +202,8 @@ class SessionSummary:
         if text is None:
             return None
         room_tokens = None if input_tokens is None else input_tokens - batch_tokens
-        cut = fit_summary(text, self.tokens, room_chars, room_tokens, self._count_tokens)
+        tokens = None if room_tokens is None else self.tokens  # (counted only for a token room)
+        cut = fit_summary(text, tokens, room_chars, room_tokens, self._count_tokens)
         if cut is text:
             return text
         log.log(
