@@ -68,7 +68,10 @@ async def test_with_no_other_write_a_summary_commits_alone_soon(db_path, stored)
             while not stored.summaries("s"):  # noqa: ASYNC110 - the store's rows, as another process sees them
                 await anyio.sleep(0.01)
         assert [through for through, _ in stored.summaries("s")] == [1]  # stored, with the engine still open
-        context = await session.context()
+        # The row is visible to other connections from the commit on; the session takes the summary
+        # up once the commit's answer reaches the event loop, a moment later: wait for that, not a time.
+        with anyio.fail_after(GUARD):
+            context = await session.context(wait_for_summary=True)
         assert covered(context.summary) == ["turn 1"]
 
 
