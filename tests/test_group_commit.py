@@ -62,6 +62,43 @@ async def test_a_write_to_an_idle_store_starts_committing_before_the_submitter_y
     assert stored.query("SELECT session_id, seq, content FROM episodes") == [("s", 1, "hello")]
 
 
+async def test_a_write_right_after_a_transaction_the_committer_started_also_starts_at_once(db_path, stored) -> None:
+    """Once the committer has started a transaction itself (a write came while another ran), it parks again.
+
+    A one-at-a-time writer submits its next write as soon as it is answered,
+    before the committer's task has had a turn: that write must still start
+    its transaction from the submitter's step (it used to wait for that
+    turn, a task switch on every later add of such a writer).
+    """
+    in_thread = threading.Event()
+    answers: dict[int, anyio.Event] = {seq: anyio.Event() for seq in (1, 2, 3)}
+    errors: list[object] = []
+
+    def answer(seq: int):
+        def done(result: object, error: BaseException | None) -> None:
+            errors.append(error)
+            answers[seq].set()
+
+        return done
+
+    async with open_sqlite_store(db_path) as store:
+        token, _ = await store.activate("s", 60.0)
+        await store.load_session("s")  # the committer is idle, parked
+        store.submit_append("s", token, 1, [Episode("user", "one")], answer(1))  # starts at once
+        store.submit_append("s", token, 2, [Episode("user", "two")], answer(2))  # waits: the committer starts it
+        with anyio.fail_after(DEADLINE):
+            await answers[2].wait()
+        # Straight from the answer, with no checkpoint in between, as an agent's next turn comes.
+        store._conn.set_trace_callback(lambda statement: in_thread.set())  # type: ignore[attr-defined]
+        store.submit_append("s", token, 3, [Episode("user", "three")], answer(3))
+        assert in_thread.wait(DEADLINE)  # (the loop does not run until this returns)
+        store._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        with anyio.fail_after(DEADLINE):
+            await answers[3].wait()
+    assert errors == [None, None, None]
+    assert stored.query("SELECT seq, content FROM episodes ORDER BY seq") == [(1, "one"), (2, "two"), (3, "three")]
+
+
 async def test_a_failing_write_fails_alone(db_path, stored) -> None:
     outcomes: dict[str, object] = {}
 

@@ -326,6 +326,12 @@ class Committer(Transactions):
                             self._start_batch()
                     running = self._running
                     assert running is not None
+                    if not (running.done.is_set() or self._closing or self._riders_waiting_out()):
+                        # Parked while it runs, as while idle: it returns to no task of ours unless there is
+                        # more to do (see _batch_done), and the next submission to an idle store starts its
+                        # own transaction (_enqueue), without waiting for this task's turn.
+                        await self._wait_for_work()
+                        continue
                     await running.done.wait()
                     if running.error is not None:
                         # A bug or an unexpected error: fail this batch, keep the committer (and engine) alive.
@@ -372,6 +378,10 @@ class Committer(Transactions):
             return waited.cancelled_caught
         finally:
             self._parked = False
+
+    def _riders_waiting_out(self) -> bool:
+        """Whether riders are due: then the committer waits for the transaction in flight, and sends them next."""
+        return bool(self._riders) and self._riders_due <= anyio.current_time()
 
     def _start_batch(self) -> None:
         """Take the next transaction's operations and start committing them in the thread (no waiting).
