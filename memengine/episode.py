@@ -189,18 +189,25 @@ def stored_episode(
     return episode
 
 
-def with_private_metadata(role: str, content: str, metadata: dict[str, Any]) -> Episode:
+def with_private_metadata(
+    role: str, content: str, metadata: dict[str, Any], *, content_checked: bool = False
+) -> Episode:
     """A new Episode (validated, with a new id and the time now) whose ``metadata`` is taken as it is.
 
     For the engine's own callers that build ``metadata`` themselves as a
     JSON-exact value no one else holds (made from ``json.loads``, checked
     against ``max_metadata_bytes``): it skips the deep copy and type check that
     ``Episode(metadata=...)`` makes of a caller's value (see :func:`encode_metadata`).
+    ``content_checked``: the caller has made sure ``content`` is what
+    ``Episode.content`` accepts but its length (not blank, no NUL, valid
+    Unicode: JSON text whose UTF-8 it counted, say), so it is not encoded
+    again here, in one go on the event loop (json_slices.py).
     """
     episode = stored_episode(role, content, _new_id(), _utc_now(), metadata, None)  # type: ignore[arg-type]
     # The validators Episode() runs, but those of the fields made here (id, created_at, seq).
     _check_role(episode, _ROLE, role)
-    _check_content(episode, _CONTENT, content)
+    if not content_checked:
+        _check_content(episode, _CONTENT, content)
     return episode
 
 

@@ -87,8 +87,9 @@ to the engine's thread, from whichever thread or loop it is made.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -103,6 +104,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .. import rendering
 from ..episode import Episode, encode_json, with_private_metadata
 from ..episode_shapes import AGENTS_ITEM_IN_CONTENT_KEY, AGENTS_ITEM_KEY, json_copy
+from ..json_slices import encode_in_slices, has_long_string
 from ..limits import MAX_ROLE_CHARS
 from ..tool_calls import CALLS_KEY, RESULT_OF_KEY, tool_links
 
@@ -206,7 +208,12 @@ class MemEngineSession:
         """
         if isinstance(items, Mapping) or isinstance(items, str | bytes):
             raise TypeError(f"add_items() takes a list of items, not {type(items).__name__}")
-        converted = [self._episode_of(item) for item in items]
+        converted = []
+        for item in items:
+            if has_long_string(item):  # (a tool's output of megabytes: not in one go on the event loop)
+                converted.append(self._episode_from(*await self._sliced_encoding(item)))
+            else:
+                converted.append(self._episode_from(*self._encoding(item)))
         if converted:
             episodes, metadata_json = zip(*converted, strict=True)
             await self._call(self._session._add_private, episodes, metadata_json)
@@ -236,7 +243,18 @@ class MemEngineSession:
         """
         await self._call(self._session.clear)
 
-    def _episode_of(self, item: object) -> tuple[Episode, str | None]:
+    def _encoding(self, item: object) -> tuple[str, Any, int]:
+        """The item's JSON, that JSON read back (``exact``) and its UTF-8 bytes; refusals as documented."""
+        with _refusals(item):
+            encoded = encode_json(item)
+            return encoded, json.loads(encoded), len(encoded.encode())
+
+    async def _sliced_encoding(self, item: object) -> tuple[str, Any, int]:
+        """:meth:`_encoding` of an item with long strings, a slice at a time (json_slices.py)."""
+        with _refusals(item):
+            return await encode_in_slices(item)
+
+    def _episode_from(self, encoded: str, exact: Any, size: int) -> tuple[Episode, str | None]:
         """The item's episode, and its metadata's JSON (``None``: the store encodes it).
 
         The item is encoded once: its metadata's JSON, which the store keeps,
@@ -245,23 +263,6 @@ class MemEngineSession:
         (An item with a key twice, as an int and as a str, keeps both in that
         text; it loads back, as ``exact`` was loaded, with the last of them.)
         """
-        if not isinstance(item, Mapping):
-            raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
-        try:
-            encoded = encode_json(item)
-        except TypeError as exc:  # a value JSON has no type for: TypeError, as from the SDK's own sessions
-            raise TypeError(f"a session item must be JSON: {exc}") from None
-        except ValueError as exc:  # NaN or an infinity (which the SDK's sessions would store), or a cycle
-            raise ValueError(f"a session item must be JSON: {exc}") from None
-        try:
-            size = len(encoded.encode())
-        except UnicodeEncodeError as exc:  # (its message would quote the whole item)
-            raise ValueError(
-                f"a session item must be valid Unicode: it holds a lone surrogate, "
-                f"U+{ord(exc.object[exc.start]):04X}, half of a UTF-16 pair (a bad decode, a text cut mid-character), "
-                "which neither store can keep"
-            ) from None
-        exact = json.loads(encoded)
         links = tool_links({"item": exact})
         metadata: dict[str, Any] = {}
         if links.calls:
@@ -282,8 +283,9 @@ class MemEngineSession:
         else:
             metadata[ITEM_IN_CONTENT_KEY] = True
             content = encoded
-        # The metadata is JSON-exact (made from json.loads) and this add's alone: not copied again.
-        return with_private_metadata(role, content, metadata), metadata_json
+        # The metadata is JSON-exact (made from json.loads) and this add's alone: not copied again. The JSON
+        # text, as content, is known good (no NUL: JSON escapes it; its UTF-8 counted): not encoded again.
+        return with_private_metadata(role, content, metadata, content_checked=content is encoded), metadata_json
 
     async def _call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._portal is not None:
@@ -296,6 +298,25 @@ class MemEngineSession:
 
                 return await asyncio.wrap_future(future)
         return await method(*args)
+
+
+@contextlib.contextmanager
+def _refusals(item: object) -> Iterator[None]:
+    """What encoding an item raises, as ``add_items`` documents it (the module docstring)."""
+    if not isinstance(item, Mapping):
+        raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
+    try:
+        yield
+    except UnicodeEncodeError as exc:  # (its message would quote the whole item)
+        raise ValueError(
+            f"a session item must be valid Unicode: it holds a lone surrogate, "
+            f"U+{ord(exc.object[exc.start]):04X}, half of a UTF-16 pair (a bad decode, a text cut mid-character), "
+            "which neither store can keep"
+        ) from None
+    except TypeError as exc:  # a value JSON has no type for: TypeError, as from the SDK's own sessions
+        raise TypeError(f"a session item must be JSON: {exc}") from None
+    except ValueError as exc:  # NaN or an infinity (which the SDK's sessions would store), or a cycle
+        raise ValueError(f"a session item must be JSON: {exc}") from None
 
 
 def _item_of(episode: Episode) -> dict[str, Any]:
