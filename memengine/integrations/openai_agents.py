@@ -17,7 +17,10 @@ arguments, a tool's output), which is what the summarizer and
 :meth:`~memengine.Engine.recall` read. The item itself is kept, exactly, in the
 episode's metadata under :data:`ITEM_KEY`; an item larger than
 ``SessionConfig.max_metadata_bytes`` is kept as JSON in the content instead
-(:data:`ITEM_IN_CONTENT_KEY` says so). Either way ``get_items()`` returns
+(:data:`ITEM_IN_CONTENT_KEY` says so). An item holding a string of more than
+:data:`memengine.json_slices.LONG_STRING` characters (a tool's output of
+megabytes) is encoded a slice at a time, the event loop serving every other
+session in between. Either way ``get_items()`` returns
 what was added, JSON-equal (as fresh copies), by the rules of
 :meth:`~memengine.Context.to_openai_responses` (an output whose call is gone
 is left out, a late output follows its call). The tool call ids an item makes or answers are
