@@ -29,8 +29,7 @@ from typing import Any
 
 import anyio
 
-from memengine import SessionConfig, open_engine
-from memengine import json_slices
+from memengine import SessionConfig, json_slices, open_engine
 from memengine.integrations.openai_agents import MemEngineSession
 
 CONFIG = SessionConfig(max_episodes=10_000, max_chars=100_000_000)
@@ -99,7 +98,10 @@ async def main() -> None:
         for sliced, label in ((False, "in one go"), (True, "in slices")):
             took, longest, p99 = (statistics.median(column) for column in zip(*results[sliced], strict=True))
             rows[sliced] = (took, longest)
-            print(f"  {chars:>9,} chars  {label:<10} add {took:7.1f}   loop's longest stall {longest:6.1f}   p99 {p99:5.1f}")
+            print(
+                f"  {chars:>9,} chars  {label:<10} add {took:7.1f}   "
+                f"loop's longest stall {longest:6.1f}   p99 {p99:5.1f}"
+            )
         print(
             f"  {chars:>9,} chars  in slices / in one go: add {rows[True][0] / rows[False][0]:.2f}, "
             f"longest stall {rows[True][1] / rows[False][1]:.2f}"

@@ -25,9 +25,11 @@ texts = st.text(st.characters(codec="utf-8"), max_size=20) | st.sampled_from(
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | texts
 values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.lists(children, max_size=3).map(tuple)
-    | st.dictionaries(st.text(max_size=6) | st.integers(-3, 3), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=6) | st.integers(-3, 3), children, max_size=4)
+    ),
     max_leaves=25,
 )
 
@@ -59,7 +61,7 @@ def test_in_slices_is_the_json_made_at_once(short_slices: None, backend: str, va
 
 def test_a_long_string_is_cut_into_slices_with_the_loop_running_between(short_slices: None) -> None:
     """Other tasks run between the slices: one per slice of each long string."""
-    value = {"output": "x" * 10, "content": [{"text": "ab\"cd\\ef\n"}], "short": "abc"}
+    value = {"output": "x" * 10, "content": [{"text": 'ab"cd\\ef\n'}], "short": "abc"}
     turns = 0
 
     async def main() -> tuple[str, Any, int]:

@@ -116,8 +116,11 @@ async def test_the_event_loop_runs_other_tasks_while_a_long_item_is_converted(
 @pytest.mark.parametrize(
     ("spoil", "error", "words"),
     [
-        (lambda item: item.update(output=item["output"][:400_000] + "\ud83d" + item["output"][400_000:]), ValueError,
-         "surrogate"),
+        (
+            lambda item: item.update(output=item["output"][:400_000] + "\ud83d" + item["output"][400_000:]),
+            ValueError,
+            "surrogate",
+        ),
         (lambda item: item.update(score=float("nan")), ValueError, "must be JSON"),
         (lambda item: item.update(when=object()), TypeError, "must be JSON"),
     ],
