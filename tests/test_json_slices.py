@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from typing import Any
@@ -15,6 +16,11 @@ from memengine import json_slices
 from memengine.episode import encode_json
 
 BACKENDS = ["asyncio", "trio"]
+
+
+class Text(str):
+    pass
+
 
 # Every string of more than 3 characters is long here: most values are cut into many slices.
 SHORT = 3
@@ -120,6 +126,9 @@ def test_a_value_that_holds_itself_is_refused_as_at_once(short_slices: None) -> 
         ({"a": "abc", "b": [1, "xy", {"c": None}]}, False),
         ({"a": "abc", "b": [1, "xy", {"c": "long!"}]}, True),
         ({"a": ("x", "long!")}, True),
+        ({"a": collections.OrderedDict(key="long!")}, True),  # a dict subclass: its values, not its keys
+        ({"a": collections.OrderedDict(long_key=1)}, False),
+        ({"a": Text("long!")}, True),  # a str subclass
         ({"long key": 1}, False),  # keys are not cut (module docstring)
         ("long!", True),
         (5, False),

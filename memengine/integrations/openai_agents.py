@@ -90,9 +90,8 @@ to the engine's thread, from whichever thread or loop it is made.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -248,14 +247,20 @@ class MemEngineSession:
 
     def _encoding(self, item: object) -> tuple[str, Any, int]:
         """The item's JSON, that JSON read back (``exact``) and its UTF-8 bytes; refusals as documented."""
-        with _refusals(item):
+        _require_dict(item)
+        try:
             encoded = encode_json(item)
             return encoded, json.loads(encoded), len(encoded.encode())
+        except (TypeError, ValueError) as exc:
+            raise _refusal(exc) from None
 
     async def _sliced_encoding(self, item: object) -> tuple[str, Any, int]:
         """:meth:`_encoding` of an item with long strings, a slice at a time (json_slices.py)."""
-        with _refusals(item):
+        _require_dict(item)
+        try:
             return await encode_in_slices(item)
+        except (TypeError, ValueError) as exc:
+            raise _refusal(exc) from None
 
     def _episode_from(self, encoded: str, exact: Any, size: int) -> tuple[Episode, str | None]:
         """The item's episode, and its metadata's JSON (``None``: the store encodes it).
@@ -303,23 +308,22 @@ class MemEngineSession:
         return await method(*args)
 
 
-@contextlib.contextmanager
-def _refusals(item: object) -> Iterator[None]:
-    """What encoding an item raises, as ``add_items`` documents it (the module docstring)."""
+def _require_dict(item: object) -> None:
     if not isinstance(item, Mapping):
         raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
-    try:
-        yield
-    except UnicodeEncodeError as exc:  # (its message would quote the whole item)
-        raise ValueError(
+
+
+def _refusal(error: TypeError | ValueError) -> TypeError | ValueError:
+    """What ``add_items`` raises for an item whose encoding raised ``error`` (the module docstring)."""
+    if isinstance(error, UnicodeEncodeError):  # (its message would quote the whole item)
+        return ValueError(
             f"a session item must be valid Unicode: it holds a lone surrogate, "
-            f"U+{ord(exc.object[exc.start]):04X}, half of a UTF-16 pair (a bad decode, a text cut mid-character), "
+            f"U+{ord(error.object[error.start]):04X}, half of a UTF-16 pair (a bad decode, a text cut mid-character), "
             "which neither store can keep"
-        ) from None
-    except TypeError as exc:  # a value JSON has no type for: TypeError, as from the SDK's own sessions
-        raise TypeError(f"a session item must be JSON: {exc}") from None
-    except ValueError as exc:  # NaN or an infinity (which the SDK's sessions would store), or a cycle
-        raise ValueError(f"a session item must be JSON: {exc}") from None
+        )
+    if isinstance(error, TypeError):  # a value JSON has no type for: TypeError, as from the SDK's own sessions
+        return TypeError(f"a session item must be JSON: {error}")
+    return ValueError(f"a session item must be JSON: {error}")  # NaN or an infinity, or a cycle
 
 
 def _item_of(episode: Episode) -> dict[str, Any]:
