@@ -206,7 +206,9 @@ class MemEngineSession:
         cannot encode or an item that is not a dict, ``ValueError`` for NaN or
         an infinity (see the module docstring). Every item is stored, even
         one added before, as by the SDK's own sessions (see the module
-        docstring). A rejected argument stores nothing.
+        docstring). A rejected argument stores nothing. Items with megabytes of
+        text are converted (a slice at a time) before anything is sent: a call
+        cancelled meanwhile stores nothing, as a large add of the engine's own.
         """
         if isinstance(items, Mapping) or isinstance(items, str | bytes):
             raise TypeError(f"add_items() takes a list of items, not {type(items).__name__}")

@@ -139,3 +139,20 @@ async def test_a_long_item_is_refused_as_a_short_one_and_nothing_is_stored(
         assert len(str(refused.value)) < 400  # the message does not quote the item
         assert await session.get_items() == []
     assert stored_rows(tmp_path / "m.db") == []
+
+
+async def test_an_add_cancelled_while_its_long_item_is_converted_stores_nothing(tmp_path: Path) -> None:
+    item = call_output(6 * LONG_STRING)
+    async with open_engine(tmp_path / "m.db", config=BIG) as engine:
+        session = MemEngineSession(engine, "s")
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(session.add_items, [CALL, item])
+                for _ in range(2):  # the conversion has its next slices to go: nothing is sent yet
+                    await anyio.lowlevel.checkpoint()
+                scope.cancel()
+        assert scope.cancelled_caught
+        assert await session.get_items() == []
+        await session.add_items([{"role": "user", "content": "the session works on"}])
+        assert await session.get_items() == [{"role": "user", "content": "the session works on"}]
+    assert [content for content, _ in stored_rows(tmp_path / "m.db")] == ["the session works on"]
