@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
+import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +88,57 @@ async def test_a_store_opened_read_only_reads_what_an_engine_wrote(store_url: st
 
     assert row.session_id == "s"
     assert [episode.content for episode in snapshot.episodes] == ["hello"]
+
+
+class Closes:
+    """How many of the wrapped connections were being closed at once, at most."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = self.most = 0
+        self.closed: list[str] = []
+
+    def wrap(self, conn: Any, name: str) -> Any:
+        closes = self
+
+        class Wrapped:
+            def close(self) -> None:
+                with closes._lock:
+                    closes.now += 1
+                    closes.most = max(closes.most, closes.now)
+                try:
+                    time.sleep(0.05)  # (widens the moment: two closes side by side would overlap)
+                    conn.close()
+                finally:
+                    with closes._lock:
+                        closes.now -= 1
+                        closes.closed.append(name)
+
+            def __getattr__(self, attribute: str) -> Any:
+                return getattr(conn, attribute)
+
+        return Wrapped()
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "read-write"])
+async def test_a_sqlite_store_closes_its_connections_one_after_another(tmp_path: Path, read_only: bool) -> None:
+    """The last to close removes the -wal and -shm files; two closing at once may each leave them to the other."""
+    path = tmp_path / "memory.db"
+    async with open_engine(path) as engine:
+        await engine.session("s").add([Episode("user", "hello")])
+    files = sorted(os.listdir(tmp_path))
+    closes = Closes()
+    async with open_store(path, read_only=read_only) as store:
+        await store.list_sessions()
+        store._reader = closes.wrap(store._reader, "reader")  # type: ignore[attr-defined]
+        store._conn = closes.wrap(store._conn, "writer")  # type: ignore[attr-defined]
+        checkpointer = store._checkpointer  # type: ignore[attr-defined]
+        if checkpointer is not None and checkpointer._conn is not None:
+            checkpointer._conn = closes.wrap(checkpointer._conn, "checkpoints")
+    assert "reader" in closes.closed and "writer" in closes.closed, closes.closed
+    assert closes.most == 1, closes.closed
+    if read_only:
+        assert sorted(os.listdir(tmp_path)) == files  # no -wal or -shm file left behind
 
 
 async def test_reading_a_sqlite_store_leaves_its_directory_and_file_as_they_were(tmp_path: Path) -> None:

@@ -568,15 +568,26 @@ class Committer(Transactions):
             with anyio.CancelScope(shield=True):
                 wait = self._closing_wait()
                 async with anyio.create_task_group() as closing:
-                    closing.start_soon(_in_thread, self._close_side_work)
+                    closing.start_soon(self._close_store_connections, wait, finished)
                     closing.start_soon(_in_thread, functools.partial(self._close_own_connections, wait))
-                    if finished:
-                        closing.start_soon(_in_thread, self._conn.close)
-                    if self._reader is not None:
-                        closing.start_soon(_in_thread, functools.partial(self._close_reader, wait), self._reader_slot)
                     if self._liveness is not None:
                         # Not in the liveness slot: an abandoned check may hold it until it returns (trio).
                         closing.start_soon(_in_thread, functools.partial(self._liveness.release, wait))
+
+    async def _close_store_connections(self, wait: float, finished: bool) -> None:
+        """Close the connections to the store's own database: the side work's, the reader, the writer.
+
+        One after another, not side by side: SQLite's last connection to close
+        removes the ``-wal`` and ``-shm`` files, and two closing at once may
+        each find the other still open and leave both files behind (a
+        read-only store then changes the directory it only looked at). Only
+        the reader may wait (``wait`` seconds, for a read still running).
+        """
+        await _in_thread(self._close_side_work)
+        if self._reader is not None:
+            await _in_thread(functools.partial(self._close_reader, wait), self._reader_slot)
+        if finished:
+            await _in_thread(self._conn.close)
 
     def _closing_wait(self) -> float:
         """Seconds closing the connections may still wait for one in use."""
