@@ -37,14 +37,12 @@ class Stalling:
         self._prefix = prefix
         self.release = threading.Event()
         self.stalled = threading.Event()
-        self.started = 0
         self.callers: list[str] = []  # CALLER of each statement started
         self.errors: list[BaseException] = []
         self.finished = threading.Event()
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
         if sql.lstrip().startswith(self._prefix):
-            self.started += 1
             self.callers.append(CALLER.get())
             self.stalled.set()
             self.release.wait(GUARD)
