@@ -41,6 +41,7 @@ Run: ``.venv/bin/python benchmarks/throughput.py [--sessions S] [--adds A]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import functools
 import gc
@@ -52,7 +53,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,31 @@ class EngineRound:
     summarizer_calls: int = 0
     summarized_episodes: int = 0
     cpu_seconds: float = 0.0  # the process's CPU time (all threads) over the adds: less noisy on a busy machine
+    gc_pauses: list[float] = attrs.field(factory=list)  # each cyclic collection during the adds, seconds
+
+
+@contextlib.contextmanager
+def collector_pauses(into: list[float], enabled: bool = True) -> Iterator[None]:
+    """Record how long each run of Python's cyclic garbage collector takes (with ``enabled=False``: none runs).
+
+    The collector stops every thread while it runs: on the event loop's thread, a pause of every session.
+    """
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            into.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(callback)
+    if not enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.callbacks.remove(callback)
 
 
 def session_id(index: int) -> str:
@@ -199,7 +225,11 @@ def raw_batched(path: Path, rows: list[Row], id_index: bool, batch: int = 100) -
 
 
 async def engine_round(
-    path: Path, episodes: list[list[Episode]], config: SessionConfig, summarizer: InstantSummarizer | None
+    path: Path,
+    episodes: list[list[Episode]],
+    config: SessionConfig,
+    summarizer: InstantSummarizer | None,
+    collector: bool = True,
 ) -> EngineRound:
     latencies: list[list[float]] = [[] for _ in episodes]
     options: dict[str, Any] = {} if summarizer is None else {"summarizer": summarizer}
@@ -220,16 +250,20 @@ async def engine_round(
                 await handle.add((episode,))
                 record.append(time.perf_counter() - before)
 
-        started, cpu_started = time.perf_counter(), time.process_time()
-        async with anyio.create_task_group() as tasks:
-            for s in range(len(episodes)):
-                tasks.start_soon(write, s)
-        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        gc_pauses: list[float] = []
+        with collector_pauses(gc_pauses, enabled=collector):
+            started, cpu_started = time.perf_counter(), time.process_time()
+            async with anyio.create_task_group() as tasks:
+                for s in range(len(episodes)):
+                    tasks.start_soon(write, s)
+            seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     # seconds ends when the last add returned; summaries may still be running then (closing waits for them).
     total = sum(len(batch) for batch in episodes)
     calls = summarizer.calls if summarizer is not None else 0
     summarized = summarizer.episodes if summarizer is not None else 0
-    return EngineRound(total / seconds, seconds, activation_seconds, latencies, calls, summarized, cpu_seconds)
+    return EngineRound(
+        total / seconds, seconds, activation_seconds, latencies, calls, summarized, cpu_seconds, gc_pauses
+    )
 
 
 def run_engine_round(
@@ -238,8 +272,9 @@ def run_engine_round(
     episodes: list[list[Episode]],
     config: SessionConfig,
     summarizer: InstantSummarizer | None = None,
+    collector: bool = True,
 ) -> EngineRound:
-    return anyio.run(engine_round, path, episodes, config, summarizer, backend=args.backend)
+    return anyio.run(engine_round, path, episodes, config, summarizer, collector, backend=args.backend)
 
 
 # -- the summarizer's retries, three ways (--retry-ab) ---------------------------------------------
@@ -371,11 +406,12 @@ def main(args: argparse.Namespace) -> None:
     engine: list[EngineRound] = []
     evicting: list[EngineRound] = []
     variants: dict[str, list[EngineRound]] = {name: [] for name in RETRY_VARIANTS} if args.retry_ab else {}
+    no_collector: list[EngineRound] = []
     with tempfile.TemporaryDirectory(prefix="memengine-bench-") as name:
         directory = Path(name)
         for round_number in range(args.rounds):
             order = ["single", "single-indexed", "batched", "engine"] + (["evicting"] if args.evicting else [])
-            order += list(variants)
+            order += list(variants) + (["evicting-no-gc"] if args.gc_ab else [])
             if round_number % 2:
                 order.reverse()  # alternate, so neither side always runs on a warmer (or busier) machine
             for step in order:
@@ -389,6 +425,10 @@ def main(args: argparse.Namespace) -> None:
                     batched.append(raw_batched(path, rows, args.raw_id_index))
                 elif step == "evicting":
                     evicting.append(run_engine_round(args, path, episodes, evicting_config(), InstantSummarizer()))
+                elif step == "evicting-no-gc":
+                    no_collector.append(
+                        run_engine_round(args, path, episodes, evicting_config(), InstantSummarizer(), collector=False)
+                    )
                 elif step in variants:
                     variants[step].append(
                         run_with_retries(
@@ -413,6 +453,11 @@ def main(args: argparse.Namespace) -> None:
                     f"evicting/no eviction {evicting[-1].adds_per_second / engine[-1].adds_per_second:.2f}   "
                     f"summarizer calls {evicting[-1].summarizer_calls}"
                 )
+            if no_collector:
+                print(
+                    f"         evicting, collector off {no_collector[-1].adds_per_second:>8.0f} adds/s   "
+                    f"on/off {evicting[-1].adds_per_second / no_collector[-1].adds_per_second:.2f}"
+                )
             for name, rounds in variants.items():
                 print(
                     f"         evicting, retries {name:<19} {rounds[-1].adds_per_second:>8.0f} adds/s   "
@@ -423,6 +468,7 @@ def main(args: argparse.Namespace) -> None:
     report(args, engine, single, single_indexed, batched)
     if args.evicting:
         report_evicting(args, evicting, engine, single)
+        report_collector(args, evicting, no_collector)
     if variants:
         report_retry_ab(args, evicting, variants)
         costs = wrapper_costs(args)
@@ -499,6 +545,23 @@ def report_evicting(
     )
 
 
+def report_collector(args: argparse.Namespace, evicting: list[EngineRound], no_collector: list[EngineRound]) -> None:
+    """What Python's cyclic garbage collector took of the evicting rounds (and, with --gc-ab, their rate without it)."""
+    share = statistics.median(sum(r.gc_pauses) / r.seconds for r in evicting)
+    collections = statistics.median(len(r.gc_pauses) for r in evicting)
+    longest = statistics.median(max(r.gc_pauses, default=0.0) for r in evicting)
+    print(
+        f"  cyclic GC during the evicting adds (medians of rounds): {collections:.0f} collections, "
+        f"{share:.1%} of the time, the longest {longest * 1000:.1f} ms"
+    )
+    if no_collector:
+        rates = [r.adds_per_second for r in evicting]
+        off = [r.adds_per_second for r in no_collector]
+        ratio = statistics.median(e / o for e, o in zip(rates, off, strict=True))
+        print(f"  memengine durable adds/s, evicting, collector off{statistics.median(off):>10.0f}")
+        print(f"  ratio evicting / evicting with the collector off{ratio:>10.2f}")
+
+
 def report_retry_ab(
     args: argparse.Namespace, evicting: list[EngineRound], variants: dict[str, list[EngineRound]]
 ) -> None:
@@ -557,12 +620,20 @@ def parse_args() -> argparse.Namespace:
         help="with --evicting: also run the evicting engine with the summarizer's retries hand-rolled and with "
         "tenacity built on every call, and report the engine's rate over each",
     )
+    parser.add_argument(
+        "--gc-ab",
+        action="store_true",
+        help="with --evicting: also run the evicting engine with Python's cyclic garbage collector off (gc.disable), "
+        "and report the engine's rate over that",
+    )
     parser.add_argument("--profile", action="store_true", help="afterwards, cProfile one extra memengine round")
     args = parser.parse_args()
     if args.evicting and args.default_config:
         parser.error("--evicting and --default-config do not go together")
     if args.retry_ab and not args.evicting:
         parser.error("--retry-ab needs --evicting")
+    if args.gc_ab and not args.evicting:
+        parser.error("--gc-ab needs --evicting")
     if args.adds is None:
         args.adds = 200 if args.evicting else 300
     if min(args.sessions, args.adds, args.rounds) < 1:
