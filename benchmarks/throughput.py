@@ -20,7 +20,11 @@ With ``--evicting``, the episodes are 200 characters long, and each round
 also runs memengine with ``max_episodes=64`` and a summarizer that returns at
 once, so adds evict and summaries are written while the writers go on; it is
 reported beside the same adds without eviction and the raw rates, all on the
-same 200-character rows (default 200 adds per session).
+same 200-character rows (default 200 adds per session), with what Python's
+cyclic garbage collector took of the evicting adds (its collections, their
+share of the time, the longest). With ``--evicting --gc-ab``, each round also
+runs the evicting engine with the collector off (``gc.disable()`` over the
+adds), and the rate's ratio to that is reported.
 
 With ``--evicting --retry-ab``, each round also runs the evicting engine with
 the summarizer's retries done two other ways, so that their cost on the happy
@@ -35,7 +39,7 @@ a first try made directly, tenacity only after a failure):
   that what the order of the steps alone does to a ratio is seen.
 
 Run: ``.venv/bin/python benchmarks/throughput.py [--sessions S] [--adds A]
-[--rounds R] [--backend asyncio|trio] [--default-config | --evicting [--retry-ab]] [--profile]``.
+[--rounds R] [--backend asyncio|trio] [--default-config | --evicting [--retry-ab] [--gc-ab]] [--profile]``.
 """
 
 from __future__ import annotations
