@@ -50,3 +50,20 @@ def communicate(process: subprocess.Popen[str], timeout: float | None = None) ->
             raise subprocess.TimeoutExpired(process.args, timeout or 0)
     out, err = (rest.text for rest in rests)
     return out or "", err or ""
+
+
+def read_line(process: subprocess.Popen[str], timeout: float) -> str:
+    """The next line of ``process.stdout`` (``""`` once it has ended), waiting at most ``timeout`` seconds.
+
+    ``process.stdout.readline()`` alone waits for ever for a child that neither prints nor exits: the test
+    then hangs instead of failing. The line is read in a thread of its own; past the deadline this raises
+    :class:`subprocess.TimeoutExpired`, and the caller kills the process (its end lets that read return).
+    Lines read here are read through ``process.stdout``, so :func:`communicate` still returns the rest.
+    """
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        raise subprocess.TimeoutExpired(process.args, timeout)
+    return got[0] if got else ""

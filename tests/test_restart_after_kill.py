@@ -10,6 +10,7 @@ shared); benchmarks/restart_after_kill.py measures the real figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from .processes import communicate
+from .processes import communicate, read_line
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = [("asyncio", "trio"), ("trio", "asyncio")]
@@ -48,17 +49,16 @@ def start(store: str, backend: str, mode: str, *extra: str, env: dict[str, str] 
     )
 
 
-def wait_for(process: subprocess.Popen[str], op: str, timeout: float = 30) -> dict[str, Any]:
+def wait_for(process: subprocess.Popen[str], op: str, timeout: float = 120) -> dict[str, Any]:
+    """The worker's first ``op`` record, within ``timeout`` seconds (a deadline, not a pace: generous)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            break
-        record = json.loads(line)
-        if record["op"] == op:
-            return record
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        while line := read_line(process, max(0.0, deadline - time.monotonic())):
+            record = json.loads(line)
+            if record["op"] == op:
+                return record
     process.kill()
-    raise AssertionError(f"no {op!r} from the worker: {communicate(process, 10)[1][-3000:]}")
+    raise AssertionError(f"no {op!r} from the worker in {timeout} s: {communicate(process, 10)[1][-3000:]}")
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 90) -> list[dict[str, Any]]:
@@ -104,14 +104,21 @@ def test_a_restart_after_kill_9_serves_the_dead_process_sessions_and_delivers_it
 def test_a_running_replica_takes_over_a_killed_one_batches_without_any_call(
     store_url: str, first: str, then: str
 ) -> None:
-    survivor = start(store_url, then, "next", "--no-add", env=NEXT)
+    # The survivor starts once the holder's sink call holds the first batch: started before, it could claim that
+    # batch itself (any process delivers what is due), and the holder would never hold it.
+    holder = start(store_url, first, "hold", env=DEAD)
+    survivor: subprocess.Popen[str] | None = None
     try:
+        wait_for(holder, "holding")
+        survivor = start(store_url, then, "next", "--no-add", env=NEXT)
         wait_for(survivor, "opened")
-        killed_while_holding(store_url, first)
+        holder.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
+        communicate(holder, 30)
         records = finish(survivor, timeout=300)
     finally:
-        if survivor.poll() is None:
+        holder.kill()
+        if survivor is not None and survivor.poll() is None:
             survivor.kill()
             communicate(survivor)
     kept = assert_kept_delivered_once_in_order(records)
