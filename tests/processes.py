@@ -58,7 +58,8 @@ def read_line(process: subprocess.Popen[str], timeout: float) -> str:
     ``process.stdout.readline()`` alone waits for ever for a child that neither prints nor exits: the test
     then hangs instead of failing. The line is read in a thread of its own; past the deadline this raises
     :class:`subprocess.TimeoutExpired`, and the caller kills the process (its end lets that read return).
-    Lines read here are read through ``process.stdout``, so :func:`communicate` still returns the rest.
+    Lines read here are read through ``process.stdout``, so :func:`communicate` still returns the rest
+    (after a timeout, the line the abandoned read gets, if any, is not among it: the test is failing then).
     """
     got: list[str] = []
     reader = threading.Thread(target=lambda: got.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]

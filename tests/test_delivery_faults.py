@@ -28,6 +28,7 @@ from memengine import Episode, SessionConfig, open_engine
 
 from . import delivery_worker
 from .conftest import StoreRows
+from .processes import read_line
 from .test_store_conformance import append, two_processes
 
 pytestmark = pytest.mark.anyio
@@ -72,7 +73,11 @@ def killed_mid_call(store_url: str, anyio_backend: str):
         deadline = time.monotonic() + GUARD
         line = ""
         while time.monotonic() < deadline and not line.startswith("{"):
-            line = process.stdout.readline()  # the worker prints one line, then hangs
+            try:
+                line = read_line(process, max(0.0, deadline - time.monotonic()))  # one line, then it hangs
+            except subprocess.TimeoutExpired:
+                process.kill()  # (so that reading its stderr below ends)
+                break
             if not line and process.poll() is not None:
                 break
         assert line.startswith("{"), f"the worker never called its sink: {process.stderr.read()}"

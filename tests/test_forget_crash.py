@@ -29,7 +29,7 @@ import pytest
 from memengine import open_engine
 
 from .forget_worker import CONFIG, DELETED, OWNER, SESSION, call_record, episodes, outbox_emptied
-from .processes import communicate
+from .processes import communicate, read_line
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +54,11 @@ def run_child_until_killed(store: str, side_file: Path, backend: str, after: int
     try:
         deadline = time.monotonic() + CHILD_TIMEOUT
         while len(printed) < after and time.monotonic() < deadline:
-            line = child.stdout.readline()  # type: ignore[union-attr]
+            try:
+                line = read_line(child, max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()  # (so that reading its stderr below ends)
+                break
             if not line:
                 break
             printed.append(line.strip())

@@ -30,6 +30,7 @@ from memengine.store import committer
 
 from .conftest import StoreRows
 from .large_add_worker import LARGE, OWNER, large_add
+from .processes import read_line
 
 pytestmark = pytest.mark.anyio
 
@@ -210,8 +211,8 @@ def kill_in_the_middle_of_the_large_add(store_url: str, rows: StoreRows) -> int:
     ) as worker:
         try:
             assert worker.stdout is not None
-            assert worker.stdout.readline().strip() == "acked"
-            assert worker.stdout.readline().strip() == "adding"
+            assert read_line(worker, GUARD).strip() == "acked"
+            assert read_line(worker, GUARD).strip() == "adding"
             deadline = time.monotonic() + GUARD
             while rows.query("SELECT count(*) FROM episodes WHERE session_id = 's'")[0][0] < 101:
                 assert time.monotonic() < deadline, "the large add never started"

@@ -31,6 +31,8 @@ import pytest
 from memengine.store.liveness import FileLiveness
 from memengine.store.owners import Incarnation
 
+from .processes import read_line
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Generous: a shared, loaded machine. Nothing is asserted on time.
 WORKER_TIMEOUT = 90
@@ -63,7 +65,10 @@ class Worker:
     def wait_for(self, op: str, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            line = self.process.stdout.readline()  # type: ignore[union-attr]
+            try:
+                line = read_line(self.process, max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
             if not line:
                 break
             record = json.loads(line)

@@ -10,6 +10,7 @@ paused owner's writes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -28,7 +29,7 @@ import pytest
 
 from .conftest import StoreRows
 from .fakes import covered as covered_by_fold
-from .processes import communicate
+from .processes import communicate, read_line
 from .replica_worker import tagged_by, untagged
 
 
@@ -42,6 +43,8 @@ def stored_summaries_by(rows: StoreRows) -> set[str]:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Seconds a worker may print nothing while a test waits for its next line: a deadline for a stuck worker, not a pace.
+READ_TIMEOUT = 300.0
 
 
 class Worker:
@@ -65,8 +68,15 @@ class Worker:
             self.stop()  # its pipes closed here, not by the garbage collector during a later test
             raise
 
-    def read(self) -> dict[str, Any]:
-        line = self.process.stdout.readline()  # type: ignore[union-attr]
+    def read(self, timeout: float = READ_TIMEOUT) -> dict[str, Any]:
+        try:
+            line = read_line(self.process, timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            err = "(its stderr did not end)"
+            with contextlib.suppress(subprocess.TimeoutExpired):  # (a child it forked may hold the pipe open)
+                err = communicate(self.process, 30)[1][-3000:]
+            raise AssertionError(f"{self.name} printed nothing in {timeout} s: {err}") from None
         if not line:
             raise AssertionError(f"{self.name} exited: {self.process.wait()} {self.process.stderr.read()}")  # type: ignore[union-attr]
         record = json.loads(line)

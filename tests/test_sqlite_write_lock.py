@@ -22,6 +22,7 @@ import pytest
 from memengine import Episode, StoreError, open_engine
 
 from .conftest import StoredRows
+from .processes import read_line
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +45,7 @@ def write_lock_held_by_another_process(path: Path) -> Iterator[None]:
     command = [sys.executable, "-c", _HOLDER, str(path)]
     with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
         try:
-            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            assert read_line(holder, 60).strip() == "locked"
             yield
         finally:
             assert holder.stdin is not None

@@ -13,7 +13,6 @@ returns after either lapsed is never counted as delivered. The shared sink
 from __future__ import annotations
 
 import json
-import select
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import pytest
 from memengine import SessionConfig, open_engine
 
 from .conftest import postgres_schema, postgres_unreachable
+from .processes import read_line
 from .stale_sink_worker import SINK_TABLE, SharedTableSink
 from .test_owner_liveness import terminate_liveness_backend
 from .test_replicas import ROOT
@@ -41,9 +41,11 @@ GUARD = 60  # seconds: nothing here takes that long unless something is stuck
 
 def read_op(process: subprocess.Popen, timeout: float) -> str:
     """The next JSON line's ``op`` from the child, or AssertionError after ``timeout`` seconds."""
-    ready, _, _ = select.select([process.stdout], [], [], timeout)
-    assert ready, "the worker printed nothing in time"
-    line = process.stdout.readline()  # type: ignore[union-attr]
+    # (Not select() on the pipe: a line read ahead into the text wrapper's buffer is not on the pipe any more.)
+    try:
+        line = read_line(process, timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the worker printed nothing in time") from None
     assert line, f"the worker exited: {process.wait()} {process.stderr.read()}"  # type: ignore[union-attr]
     return json.loads(line)["op"]  # type: ignore[no-any-return]
 

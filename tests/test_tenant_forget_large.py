@@ -19,6 +19,7 @@ import pytest
 from memengine import Episode, SessionConfig, open_engine
 
 from .conftest import StoreRows
+from .processes import read_line
 from .test_replicas import ROOT
 from .test_tenant_forget import others, traces
 
@@ -105,7 +106,7 @@ def test_a_forget_killed_in_the_middle_is_finished_by_the_next_one(store_url) ->
     )
     try:
         assert worker.stdout is not None
-        assert worker.stdout.readline().strip() == "forgetting"
+        assert read_line(worker, 120).strip() == "forgetting"
         deadline = time.monotonic() + 120
         while traces(rows, "gone/").get("sessions", 0) > sessions // 2:
             assert time.monotonic() < deadline, "the forget made no progress"
