@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from typing import IO
 
 
@@ -68,3 +70,21 @@ def read_line(process: subprocess.Popen[str], timeout: float) -> str:
     if reader.is_alive():
         raise subprocess.TimeoutExpired(process.args, timeout)
     return got[0] if got else ""
+
+
+def lines(process: subprocess.Popen[str], timeout: float) -> Iterator[str]:
+    """``process.stdout``'s lines as they come, until it ends or ``timeout`` seconds have passed.
+
+    A process still silent at the deadline is killed (so that reading its stderr for a message ends),
+    and no more lines come: a test waiting for a line it never gets fails instead of hanging.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = read_line(process, max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return
+        if not line:
+            return
+        yield line

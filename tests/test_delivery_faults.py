@@ -28,7 +28,7 @@ from memengine import Episode, SessionConfig, open_engine
 
 from . import delivery_worker
 from .conftest import StoreRows
-from .processes import read_line
+from .processes import lines
 from .test_store_conformance import append, two_processes
 
 pytestmark = pytest.mark.anyio
@@ -70,16 +70,8 @@ def killed_mid_call(store_url: str, anyio_backend: str):
         text=True,
     )
     try:
-        deadline = time.monotonic() + GUARD
-        line = ""
-        while time.monotonic() < deadline and not line.startswith("{"):
-            try:
-                line = read_line(process, max(0.0, deadline - time.monotonic()))  # one line, then it hangs
-            except subprocess.TimeoutExpired:
-                process.kill()  # (so that reading its stderr below ends)
-                break
-            if not line and process.poll() is not None:
-                break
+        # The worker prints one line, then hangs.
+        line = next((line for line in lines(process, GUARD) if line.startswith("{")), "")
         assert line.startswith("{"), f"the worker never called its sink: {process.stderr.read()}"
         assert json.loads(line) == {"op": "sink called", "first_seq": 1, "last_seq": delivery_worker.BATCH}
         process.send_signal(signal.SIGKILL)

@@ -29,7 +29,7 @@ import pytest
 from memengine import open_engine
 
 from .forget_worker import CONFIG, DELETED, OWNER, SESSION, call_record, episodes, outbox_emptied
-from .processes import communicate, read_line
+from .processes import communicate, lines
 
 pytestmark = pytest.mark.anyio
 
@@ -52,15 +52,8 @@ def run_child_until_killed(store: str, side_file: Path, backend: str, after: int
     )
     printed: list[str] = []
     try:
-        deadline = time.monotonic() + CHILD_TIMEOUT
-        while len(printed) < after and time.monotonic() < deadline:
-            try:
-                line = read_line(child, max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()  # (so that reading its stderr below ends)
-                break
-            if not line:
-                break
+        printing = lines(child, CHILD_TIMEOUT)
+        while len(printed) < after and (line := next(printing, None)) is not None:
             printed.append(line.strip())
         assert len(printed) >= after, f"the child stopped after {printed}: {child.stderr.read()[-3000:]}"  # type: ignore[union-attr]
         if after == 0:

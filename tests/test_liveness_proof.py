@@ -31,7 +31,7 @@ import pytest
 from memengine.store.liveness import FileLiveness
 from memengine.store.owners import Incarnation
 
-from .processes import read_line
+from .processes import lines
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Generous: a shared, loaded machine. Nothing is asserted on time.
@@ -63,14 +63,7 @@ class Worker:
         self.stderr = ""
 
     def wait_for(self, op: str, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = read_line(self.process, max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
-            if not line:
-                break
+        for line in lines(self.process, timeout):
             record = json.loads(line)
             self.seen.append(record)
             if record["op"] == op:

@@ -10,7 +10,6 @@ shared); benchmarks/restart_after_kill.py measures the real figures.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .processes import communicate, read_line
+from .processes import communicate, lines
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = [("asyncio", "trio"), ("trio", "asyncio")]
@@ -51,12 +50,10 @@ def start(store: str, backend: str, mode: str, *extra: str, env: dict[str, str] 
 
 def wait_for(process: subprocess.Popen[str], op: str, timeout: float = 120) -> dict[str, Any]:
     """The worker's first ``op`` record, within ``timeout`` seconds (a deadline, not a pace: generous)."""
-    deadline = time.monotonic() + timeout
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        while line := read_line(process, max(0.0, deadline - time.monotonic())):
-            record = json.loads(line)
-            if record["op"] == op:
-                return record
+    for line in lines(process, timeout):
+        record = json.loads(line)
+        if record["op"] == op:
+            return record
     process.kill()
     raise AssertionError(f"no {op!r} from the worker in {timeout} s: {communicate(process, 10)[1][-3000:]}")
 
